@@ -1,0 +1,12 @@
+"""egfuse: attention fusion for ONNX graphs by equality saturation.
+
+>>> import egfuse
+>>> result = egfuse.fuse("model.onnx", target="ort")   # doctest: +SKIP
+>>> print(result.report); result.save("model.fused.onnx")   # doctest: +SKIP
+"""
+
+from egfuse.api import Budgets, FuseResult, fuse
+from egfuse.errors import EgfuseError
+
+__all__ = ["Budgets", "EgfuseError", "FuseResult", "fuse"]
+__version__ = "0.1.0"

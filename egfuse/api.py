@@ -1,0 +1,284 @@
+"""``fuse()``: the one place that knows the order of the stages.
+
+load → prepare (opset, shapes, facts) → regions → lower → saturate → extract → raise → validate → report.
+A region whose fused outputs disagree with the original on onnxruntime is rolled back (the pipeline is
+re-run with it excluded) and the report says by how much it was off.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_passes
+
+from egfuse import diagnose, validate
+from egfuse.errors import EgfuseError
+from egfuse.extract import extract
+from egfuse.facts import GraphFacts
+from egfuse.load import LoadedModel, ModelLike, default_opset, load
+from egfuse.lower import Lowerer
+from egfuse.raise_ import Emitter, replace_output
+from egfuse.regions import find_regions
+from egfuse.report import RegionReport, Report
+from egfuse.rules import TARGET_RULES
+from egfuse.session import EClass, Session
+from egfuse.targets import get_target
+from egfuse.targets.base import FUSED
+
+STANDARD_ATTENTION_OPSET = 23
+
+
+@dataclass
+class Budgets:
+    """Saturation limits: egglog's ``run`` has none of its own."""
+
+    max_iterations: int = 24
+    max_enodes_factor: float = 4.0  # of the e-graph's size after loading
+    max_seconds: float = 60.0
+
+
+@dataclass
+class FuseResult:
+    model: onnx.ModelProto
+    report: Report
+    _loaded: LoadedModel | None = field(default=None, repr=False)
+
+    def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+        """Write atomically (a temp file renamed into place): never a half-written model at ``path``."""
+        save_model(self.model, Path(path), external_data=external_data)
+
+    def to_ir(self) -> ir.Model:
+        return ir.serde.deserialize_model(self.model)
+
+
+def fuse(
+    model: ModelLike,
+    target: str = "ort",
+    validate: bool = True,  # noqa: FBT001, FBT002
+    *,
+    feeds: dict | None = None,
+    budgets: Budgets | None = None,
+) -> FuseResult:
+    """Fuse every attention block of ``model`` for ``target`` ("ort" or "onnx"), proven on onnxruntime."""
+    start = time.perf_counter()
+    get_target(target)  # fail early on an unknown name
+    loaded = load(model)
+    original = loaded.proto
+    prepared = _prepare(loaded, target)
+    budgets = budgets or Budgets()
+    excluded: dict[int, tuple[str, float]] = {}
+    fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
+    if validate and report.fused:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            failing = _validate(original, fused_proto, report, feeds)
+            if not failing:
+                break
+            excluded.update(failing)
+            fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
+            _validate(original, fused_proto, report, feeds)
+        report.stats["seconds_validate"] = time.perf_counter() - t0
+    elif validate:
+        report.validated = None
+        report.validation_note = "nothing was fused, so the model is unchanged"
+    report.stats["seconds_total"] = time.perf_counter() - start
+    return FuseResult(fused_proto, report, loaded)
+
+
+# --- stages -------------------------------------------------------------------------------------------------
+
+
+def _prepare(loaded: LoadedModel, target: str) -> onnx.ModelProto:
+    proto = loaded.proto
+    if target == "onnx" and default_opset(proto) < STANDARD_ATTENTION_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
+        except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
+            raise EgfuseError(
+                f"cannot raise the model from opset {default_opset(loaded.proto)} to "
+                f"{STANDARD_ATTENTION_OPSET} for the standard Attention op ({err}); try --target ort",
+                path=loaded.source,
+            ) from None
+        proto.ir_version = max(proto.ir_version, 10)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # shapes are an aid: the rules still run on what is known
+        pass
+    return proto
+
+
+def _fuse_once(
+    prepared: onnx.ModelProto,
+    target_name: str,
+    budgets: Budgets,
+    excluded: dict[int, tuple[str, float]],
+    source: str,
+) -> tuple[onnx.ModelProto, Report]:
+    target = get_target(target_name)
+    model = ir.serde.deserialize_model(prepared)
+    graph = model.graph
+    report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
+
+    facts = GraphFacts(graph)
+    regions = find_regions(graph, facts)
+    session = Session()
+    lowerer = Lowerer(facts, session.names, default_opset(prepared))
+    for region in regions:
+        lowerer.lower(region)
+    session.add(lowerer.table.commands)
+    t0 = time.perf_counter()
+    start_size = session.size()
+    stats = session.run(
+        TARGET_RULES[target_name],
+        max_iterations=budgets.max_iterations,
+        max_enodes=int(start_size * budgets.max_enodes_factor) + 1000,
+        max_seconds=budgets.max_seconds,
+    )
+    report.stats.update(
+        seconds_saturate=time.perf_counter() - t0,
+        enodes_before=stats.enodes_before,
+        enodes_after=stats.enodes_after,
+        iterations=stats.iterations,
+        stop_reason=stats.stop_reason,
+    )
+    classes, fact_tables = session.freeze()
+    class_of: dict[ir.Value, EClass] = {}
+    for cid, nodes in classes.items():
+        for node in nodes:
+            if node.op in ("ref", "value"):
+                class_of[lowerer.table.values[node.args[0]]] = cid
+    choice = extract(classes, target)
+    runnable = set(target.fused_costs)
+
+    any_fused = False
+    for region in regions:
+        entry = RegionReport(
+            region.index, region.name, "not fused", output=region.main_output.name,
+            variants=diagnose.variants(region, facts),
+        )
+        report.regions.append(entry)
+        main = class_of.get(region.main_output)
+        fused_ops = _fused_ops(main, choice) if main is not None else []
+        if not fused_ops:
+            entry.reason = diagnose.why_not(region, class_of, classes, runnable, target_name)
+            continue
+        if region.index in excluded:
+            reason, diff = excluded[region.index]
+            entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
+            continue
+        emitter = Emitter(
+            graph, facts, lowerer.table, classes, fact_tables["rank_of"], choice, target, f"egfuse/r{region.index}"
+        )
+        replacements = [(out, emitter.value(class_of[out])) for out in region.outputs if out in class_of]
+        anchor = region.nodes[-1]
+        graph.insert_before(anchor, emitter.new_nodes)
+        for old, new in replacements:
+            replace_output(graph, old, new, fresh=new in emitter.created)
+        entry.status = "fused"
+        entry.fused_into = _op_label(target, fused_ops[0])
+        if fused_ops[0].op in ("attend", "mha") and target_name == "onnx" and not _finite_bias(fused_ops[0], fact_tables):
+            entry.notes.append("rows whose mask is entirely -inf give 0 (the original gives NaN)")
+        any_fused = True
+
+    if any_fused:
+        for domain, version in target.opsets.items():
+            if model.opset_imports.get(domain, 0) < version:
+                model.opset_imports[domain] = version
+        ir_passes.RemoveUnusedNodesPass()(model)
+        ir_passes.TopologicalSortPass()(model)
+    out = ir.serde.serialize_model(model)
+    report.nodes_after = len(out.graph.node)
+    return out, report
+
+
+def _fused_ops(cid: EClass, choice: dict) -> list:
+    """The fused e-nodes in the program extracted for ``cid`` (empty: the region stays as it was)."""
+    found, seen, stack = [], set(), [cid]
+    while stack:
+        c = stack.pop()
+        if c in seen or c not in choice:
+            continue
+        seen.add(c)
+        node = choice[c].node
+        if node.op in FUSED:
+            found.append(node)
+        stack.extend(node.children)
+    return found
+
+
+def _op_label(target, node) -> str:
+    name = target.op_name(node)
+    return f"com.microsoft.{name}" if target.name == "ort" else name
+
+
+def _finite_bias(node, fact_tables) -> bool:
+    return node.args[3] in fact_tables["finite"]
+
+
+def _validate(
+    original: onnx.ModelProto, fused: onnx.ModelProto, report: Report, feeds: dict | None
+) -> dict[int, tuple[str, float]]:
+    """Compare graph outputs and every fused region's output; return the regions to roll back."""
+    fused_regions = [r for r in report.regions if r.status == "fused"]
+    region_outputs = {r.index: r.output for r in fused_regions}
+    names = [n for n in region_outputs.values() if n]
+    try:
+        data = feeds if feeds is not None else validate.make_feeds(original)
+        expected = validate.run(original, data, names)
+    except Exception as err:
+        report.validated = None
+        report.validation_note = f"not validated: the original model does not run on generated feeds ({_short(err)})"
+        return {}
+    try:
+        actual = validate.run(fused, data, names)
+    except Exception as err:
+        report.validated = False
+        report.validation_note = f"the fused model does not run on onnxruntime: {_short(err)}"
+        return {r.index: (f"fused model failed to run: {_short(err)}", float("inf")) for r in fused_regions}
+    failing: dict[int, tuple[str, float]] = {}
+    for r in fused_regions:
+        name = region_outputs[r.index]
+        if name and name in expected and name in actual:
+            cmp = validate.compare(name, expected[name], actual[name])
+            r.max_abs_diff = cmp.max_abs_diff
+            if not cmp.ok:
+                failing[r.index] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
+    outputs = [o.name for o in original.graph.output]
+    cmps = [validate.compare(n, expected[n], actual[n]) for n in outputs if n in actual]
+    report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
+    report.validated = all(c.ok for c in cmps) and not failing
+    if not report.validated and not failing:  # outputs off but no region singled out: roll back all
+        failing = {r.index: (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff)
+                   for r in fused_regions}
+    return failing
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return text[:300]
+
+
+def save_model(model: onnx.ModelProto, path: Path, *, external_data: bool | None = None) -> None:
+    path = Path(path)
+    if external_data is None:
+        external_data = model.ByteSize() > 1_800_000_000
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        to_save = copy.copy(model) if not external_data else model
+        onnx.save_model(
+            to_save, tmp, save_as_external_data=external_data, all_tensors_to_one_file=True,
+            location=f"{path.name}.data" if external_data else None,
+        )
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,121 @@
+"""Explanations for the report: which spelling a region used, and — when it did not fuse — which step of the
+algebra it did not reach (like onnxscript's ``check`` that explains a failed match).
+
+Variants are read off the original region (what the exporter wrote); the failure step is read off the
+saturated e-graph (what the rules proved): softmax input ⇒ ``scores``, softmax ⇒ ``probs``, ``@ V`` ⇒
+``attend``, then whether the target can run any member of the class.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from egfuse.facts import GraphFacts
+from egfuse.regions import Region
+from egfuse.session import EClass, ENode
+
+_PASS_THROUGH = ("Transpose", "Reshape", "Mul", "Div", "Cast")
+
+
+def _producer(value: ir.Value | None, region: set[ir.Node]) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    return node if node in region else None
+
+
+def _path_to_matmul(value: ir.Value | None, members: set[ir.Node], depth: int = 6) -> list[ir.Node] | None:
+    """The nodes from ``value`` back to the nearest MatMul (inclusive), through data inputs only."""
+    node = _producer(value, members)
+    if node is None or depth == 0:
+        return None
+    if node.op_type == "MatMul":
+        return [node]
+    for inp in node.inputs:
+        rest = _path_to_matmul(inp, members, depth - 1)
+        if rest is not None:
+            return [node, *rest]
+    return None
+
+
+def variants(region: Region, facts: GraphFacts) -> dict[str, str]:
+    members = set(region.nodes)
+    out: dict[str, str] = {}
+    scale_on: list[str] = []
+    mask = "none"
+    path = _path_to_matmul(region.softmax.inputs[0], members) or []
+    for node in path[:-1]:
+        if node.op_type in ("Mul", "Div") and any(facts.scalar(v) is not None for v in node.inputs):
+            scale_on.append(f"QKᵀ ({node.op_type})")
+        elif node.op_type == "Add":
+            mask = "additive"
+        elif node.op_type == "Where":
+            fill = next((facts.scalar(v) for v in node.inputs[1:] if facts.scalar(v) is not None), None)
+            mask = f"select (Where, fill {fill:g})" if fill is not None else "select (Where)"
+    qk = path[-1] if path else None
+    if qk is not None:
+        for side, value in (("Q", qk.inputs[0]), ("K", qk.inputs[1])):
+            chain = _chain(value, members, facts)
+            scale_on.extend(f"{side} ({op})" for op in chain if op in ("Mul", "Div"))
+            if side == "K":
+                out["k_layout"] = "→".join(op for op in reversed(chain) if op not in ("Mul", "Div")) or "as is"
+    out["scale"] = " and ".join(scale_on) if scale_on else "none (1.0)"
+    out["mask"] = mask
+    if any(n.op_type == "IsNaN" for n in region.nodes):
+        out["guard"] = "Where(IsNaN)"
+    return out
+
+
+def _chain(value: ir.Value, members: set[ir.Node], facts: GraphFacts) -> list[str]:
+    ops: list[str] = []
+    node = _producer(value, members)
+    while node is not None and node.op_type in _PASS_THROUGH and len(ops) < 6:
+        label = node.op_type
+        if label == "Transpose" and node.attributes.get("perm") is not None:
+            label = f"Transpose({','.join(map(str, node.attributes['perm'].value))})"
+        if label in ("Mul", "Div") and not any(facts.scalar(v) is not None for v in node.inputs):
+            break
+        ops.append(label if label not in ("Mul", "Div") else node.op_type)
+        data = [v for v in node.inputs if v is not None and facts.const(v) is None]
+        node = _producer(data[0], members) if data else None
+    return ops
+
+
+def why_not(
+    region: Region,
+    class_of: dict[ir.Value, EClass],
+    classes: dict[EClass, list[ENode]],
+    runnable: set[str],
+    target: str,
+) -> str:
+    """The first step of the algebra the region did not reach."""
+
+    def ops(value: ir.Value | None) -> set[str]:
+        cid = class_of.get(value) if value is not None else None
+        return {n.op for n in classes.get(cid, [])} if cid is not None else set()
+
+    softmax = region.softmax
+    if "softmax" not in ops(softmax.outputs[0]):
+        axis = softmax.attributes.get("axis")
+        return f"softmax is not over the last axis (axis={axis.value if axis else 'default'})"
+    matmuls = [n for n in region.nodes if n.op_type == "MatMul" and n.inputs[0] is not None]
+    pv = next((n for n in matmuls if _feeds_from(n.inputs[0], softmax)), None)
+    if pv is None:
+        return "the softmax output is not multiplied by V (no MatMul consumes it)"
+    if "probs" not in ops(softmax.outputs[0]):
+        if "scores" not in ops(softmax.inputs[0]) and "add" not in ops(softmax.inputs[0]):
+            return "softmax input is not recognised as scale·Q·Kᵀ (+ mask): K layout, scale or Q rank not understood"
+        return "softmax input is not scale·Q·Kᵀ plus an additive or select mask"
+    found = ops(pv.outputs[0])
+    if not found & {"attend", "attend_z", "mha"}:
+        return "probabilities @ V not recognised (V is not a rank-4 (B, N, S, H) tensor)"
+    return f"attention recognised, but target {target!r} can run none of its forms ({', '.join(sorted(runnable))})"
+
+
+def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:
+    node = value.producer()
+    for _ in range(4):
+        if node is None:
+            return False
+        if node is softmax:
+            return True
+        node = next((v.producer() for v in node.inputs if v is not None and v.producer() is not None), None)
+    return False

@@ -1,0 +1,96 @@
+"""Symbolic dimensions: just enough algebra to read what a Reshape means.
+
+A dim is a monomial ``coef · sym₁ · sym₂ …`` (``Dim``) or unknown (``None``). Exported graphs multiply and
+divide dims (batch·heads, hidden/heads) but never add them inside the attention layout, so monomials are
+exact for everything the lowering has to decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+
+@dataclass(frozen=True, order=True)
+class Dim:
+    coef: int
+    syms: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(d: object) -> Dim | None:
+        """From an onnx-ir dim (int or SymbolicDim) or a plain int/str; ``None`` where unknown."""
+        if isinstance(d, Dim):
+            return d
+        if isinstance(d, int):
+            return Dim(d) if d >= 0 else None
+        if isinstance(d, ir.SymbolicDim):
+            return Dim(1, (d.value,)) if d.value else None
+        if isinstance(d, str):
+            return Dim(1, (d,)) if d else None
+        return None
+
+    @property
+    def static(self) -> int | None:
+        return None if self.syms else self.coef
+
+    def __mul__(self, other: Dim) -> Dim:
+        return Dim(self.coef * other.coef, tuple(sorted(self.syms + other.syms)))
+
+    def div(self, other: Dim) -> Dim | None:
+        """Exact quotient, or ``None`` when ``other`` does not divide ``self``."""
+        if other.coef == 0 or self.coef % other.coef:
+            return None
+        rest = list(self.syms)
+        for s in other.syms:
+            if s not in rest:
+                return None
+            rest.remove(s)
+        return Dim(self.coef // other.coef, tuple(rest))
+
+    def __str__(self) -> str:
+        if not self.syms:
+            return str(self.coef)
+        body = "*".join(self.syms)
+        return body if self.coef == 1 else f"{self.coef}*{body}"
+
+
+Shape = tuple[Dim | None, ...]
+
+
+def shape_of(value: ir.Value) -> Shape | None:
+    if value.shape is None:
+        return None
+    return tuple(Dim.of(d) for d in value.shape)
+
+
+def product(dims: Shape) -> Dim | None:
+    out = Dim(1)
+    for d in dims:
+        if d is None:
+            return None
+        out = out * d
+    return out
+
+
+def reshape_result(in_shape: Shape | None, spec: tuple[Dim | int | None, ...], allowzero: bool = False) -> Shape:
+    """The output shape of ``Reshape(x, spec)`` from x's symbolic shape. ``spec`` holds ``Dim`` entries,
+    the literal ints ``0`` (copy the input dim) and ``-1`` (infer), and ``None`` where the spec is unknown."""
+    out: list[Dim | None] = []
+    minus_one_at = None
+    for i, d in enumerate(spec):
+        if isinstance(d, int) and d == 0 and not allowzero:
+            out.append(in_shape[i] if in_shape is not None and i < len(in_shape) else None)
+        elif isinstance(d, int) and d == -1:
+            minus_one_at = i
+            out.append(None)
+        elif isinstance(d, int):
+            out.append(Dim(d))
+        else:
+            out.append(d)
+    if minus_one_at is not None and in_shape is not None:
+        total = product(in_shape)
+        known = product(tuple(d for i, d in enumerate(out) if i != minus_one_at))
+        if total is not None and known is not None:
+            out[minus_one_at] = total.div(known)
+    return tuple(out)

@@ -1,0 +1,265 @@
+"""What is known about each value before lowering: symbolic shapes, dtypes and small constant values.
+
+Exporters compute scales and reshape targets at run time (``Shape → Gather → Cast → Sqrt → Div``,
+``Concat(Shape(x)[0], 4, 16)``). Rule conditions need those as facts, so this module evaluates the graph
+*abstractly*: small tensors whose inputs are known get their values, shape vectors get partially known
+symbolic elements. The graph itself is not changed — the bookkeeping nodes die later if the fused op makes
+them unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.dims import Dim, Shape, reshape_result, shape_of
+
+_MAX_CONST_ELEMENTS = 4096  # larger constants are weights: never needed as facts
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _broadcast(a: Shape, b: Shape) -> Shape:
+    n = max(len(a), len(b))
+    a = (Dim(1),) * (n - len(a)) + tuple(a)
+    b = (Dim(1),) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x == Dim(1):
+            out.append(y)
+        elif y == Dim(1) or x == y:
+            out.append(x)
+        else:
+            out.append(None if (x is None or y is None) else x)
+    return tuple(out)
+
+
+def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.issubdtype(a.dtype, np.integer):
+        return (np.trunc(a / b)).astype(a.dtype)
+    return (a / b).astype(a.dtype)
+
+
+def _slice(node: ir.Node, data: np.ndarray, ins: list) -> np.ndarray | None:
+    starts, ends = ins[1], ins[2]
+    axes = ins[3] if len(ins) > 3 and ins[3] is not None else np.arange(len(starts))
+    steps = ins[4] if len(ins) > 4 and ins[4] is not None else np.ones(len(starts), np.int64)
+    index = [slice(None)] * data.ndim
+    for s, e, ax, st in zip(starts, ends, axes, steps, strict=True):
+        index[int(ax)] = slice(int(s), int(e), int(st))
+    return data[tuple(index)]
+
+
+# numpy evaluation of the bookkeeping ops exporters use around attention (all inputs known).
+_NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
+    "Identity": lambda n, x: x[0],
+    "Cast": lambda n, x: x[0].astype(ir.DataType(_attr(n, "to")).numpy()),
+    "Sqrt": lambda n, x: np.sqrt(x[0]),
+    "Reciprocal": lambda n, x: (1 / x[0]).astype(x[0].dtype),
+    "Neg": lambda n, x: -x[0],
+    "Add": lambda n, x: x[0] + x[1],
+    "Sub": lambda n, x: x[0] - x[1],
+    "Mul": lambda n, x: x[0] * x[1],
+    "Div": lambda n, x: _np_div(x[0], x[1]),
+    "Pow": lambda n, x: np.power(x[0], x[1]).astype(x[0].dtype),
+    "Equal": lambda n, x: np.equal(x[0], x[1]),
+    "Where": lambda n, x: np.where(x[0], x[1], x[2]),
+    "Concat": lambda n, x: np.concatenate(x, axis=_attr(n, "axis", 0)),
+    "Gather": lambda n, x: np.take(x[0], x[1], axis=_attr(n, "axis", 0)),
+    "Unsqueeze": lambda n, x: np.reshape(
+        x[0], _unsqueezed(x[0].shape, x[1] if len(x) > 1 else _attr(n, "axes"))
+    ),
+    "Squeeze": lambda n, x: np.squeeze(
+        x[0], axis=tuple(int(a) for a in (x[1] if len(x) > 1 else _attr(n, "axes", ()))) or None
+    ),
+    "Reshape": lambda n, x: np.reshape(x[0], [int(d) if d != 0 else x[0].shape[i] for i, d in enumerate(x[1])]),
+    "Slice": lambda n, x: _slice(n, x[0], x),
+    "ConstantOfShape": lambda n, x: np.full(
+        tuple(int(d) for d in x[0]),
+        _attr(n, "value").numpy().reshape(-1)[0] if _attr(n, "value") is not None else np.float32(0),
+    ),
+    "Range": lambda n, x: np.arange(x[0], x[1], x[2]).astype(x[0].dtype),
+}
+
+
+# Ops whose (first) output has the shape of their first input, including common contrib ops that ONNX
+# shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
+_SAME_SHAPE = frozenset({
+    "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
+    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "LayerNormalization", "SkipLayerNormalization",
+    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
+})  # fmt: skip
+
+
+def _unsqueezed(shape: tuple[int, ...], axes) -> tuple[int, ...]:
+    out = list(shape)
+    rank = len(shape) + len(axes)
+    for a in sorted(int(a) % rank for a in axes):
+        out.insert(a, 1)
+    return tuple(out)
+
+
+class GraphFacts:
+    """Shapes, dtypes and constant values of a graph's values, by abstract evaluation."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self._const: dict[ir.Value, np.ndarray] = {}
+        self._elems: dict[ir.Value, tuple[Dim | None, ...]] = {}
+        self._shape: dict[ir.Value, Shape] = {}
+        for value in graph.initializers.values():
+            self._record_initializer(value)
+        for node in graph:
+            try:
+                self._visit(node)
+            except Exception:  # an op we cannot evaluate abstractly just stays unknown
+                continue
+
+    # --- queries -------------------------------------------------------------------------------------------
+    def const(self, value: ir.Value | None) -> np.ndarray | None:
+        return None if value is None else self._const.get(value)
+
+    def scalar(self, value: ir.Value | None) -> float | None:
+        """The value of a one-element constant of rank ≤ 1 (broadcasts like a scalar onto any operand)."""
+        c = self.const(value)
+        if c is None or c.size != 1 or c.ndim > 1:
+            return None
+        return float(c.reshape(-1)[0])
+
+    def elems(self, value: ir.Value | None) -> tuple[Dim | None, ...] | None:
+        if value is None:
+            return None
+        return self._elems.get(value)
+
+    def shape(self, value: ir.Value | None) -> Shape | None:
+        if value is None:
+            return None
+        if value in self._shape:
+            return self._shape[value]
+        return shape_of(value)
+
+    def rank(self, value: ir.Value | None) -> int | None:
+        s = self.shape(value)
+        return None if s is None else len(s)
+
+    # --- abstract evaluation -------------------------------------------------------------------------------
+    def _record_initializer(self, value: ir.Value) -> None:
+        tensor = value.const_value
+        if tensor is None or tensor.size > _MAX_CONST_ELEMENTS:
+            return
+        self._set_const(value, tensor.numpy())
+
+    def _set_const(self, value: ir.Value, array: np.ndarray) -> None:
+        self._const[value] = array
+        if array.ndim <= 1 and np.issubdtype(array.dtype, np.integer):
+            self._elems[value] = tuple(Dim(int(v)) if v >= 0 else None for v in array.reshape(-1))
+
+    def _visit(self, node: ir.Node) -> None:
+        if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            if node.outputs and node.op_type in _SAME_SHAPE:
+                self._infer_shape(node, node.op_type, node.outputs[0])
+            return
+        out = node.outputs[0]
+        op = node.op_type
+        if op == "Constant":
+            self._visit_constant(node, out)
+            return
+        ins = [self.const(v) if v is not None else None for v in node.inputs]
+        known = all(c is not None or v is None for c, v in zip(ins, node.inputs, strict=True))
+        if known and op in _NUMPY and ins:
+            result = _NUMPY[op](node, ins)
+            if result is not None and np.size(result) <= _MAX_CONST_ELEMENTS:
+                self._set_const(out, np.asarray(result))
+                return
+        self._visit_symbolic(node, op, out)
+
+    def _visit_constant(self, node: ir.Node, out: ir.Value) -> None:
+        for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+            attr = node.attributes.get(name)
+            if attr is None:
+                continue
+            if name == "value":
+                self._set_const(out, attr.value.numpy())
+            elif name.startswith("value_float"):
+                self._set_const(out, np.asarray(attr.value, np.float32))
+            else:
+                self._set_const(out, np.asarray(attr.value, np.int64))
+
+    def _visit_symbolic(self, node: ir.Node, op: str, out: ir.Value) -> None:
+        """Shape vectors with symbolic entries, and shapes of the layout ops shape inference missed."""
+        x = node.inputs[0] if node.inputs else None
+        if op == "Shape":
+            shape = self.shape(x)
+            if shape is not None:
+                start = _attr(node, "start", 0)
+                end = _attr(node, "end", None)
+                self._set_elems(out, tuple(shape[start:end]))
+        elif op in ("Identity", "Cast", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
+            self._set_elems(out, self.elems(x))
+        elif op == "Concat" and all(self.elems(v) is not None for v in node.inputs):
+            self._set_elems(out, tuple(d for v in node.inputs for d in self.elems(v)))
+        elif op == "Gather" and self.elems(x) is not None and self.const(node.inputs[1]) is not None:
+            items = self.elems(x)
+            idx = self.const(node.inputs[1]).reshape(-1)
+            self._set_elems(out, tuple(items[int(i)] for i in idx))
+        elif op == "Slice" and self.elems(x) is not None and all(self.const(v) is not None for v in node.inputs[1:]):
+            items = np.array(self.elems(x), dtype=object)
+            consts = [x, *[self.const(v) for v in node.inputs[1:]]]
+            self._set_elems(out, tuple(_slice(node, items, consts)))
+        elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
+            a, b = (self.elems(v) for v in node.inputs)
+            if len(b) == 1:
+                b = b * len(a)
+            if len(a) == len(b):
+                combine = (lambda p, q: p * q) if op == "Mul" else (lambda p, q: p.div(q))
+                self._set_elems(
+                    out, tuple(None if p is None or q is None else combine(p, q) for p, q in zip(a, b, strict=True))
+                )
+        self._infer_shape(node, op, out)
+
+    def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
+        self._elems[value] = items
+        if all(d is not None and d.static is not None for d in items):
+            array = np.array([d.static for d in items], np.int64)
+            rank = self.rank(value)
+            self._const[value] = array.reshape(()) if rank == 0 and array.size == 1 else array
+
+    def reshape_spec(self, node: ir.Node) -> tuple[Dim | int | None, ...] | None:
+        """A Reshape's target as literal ints (0 = copy, -1 = infer) where constant, else symbolic elements."""
+        spec_const = self.const(node.inputs[1])
+        if spec_const is not None:
+            return tuple(int(v) for v in spec_const.reshape(-1))
+        return self.elems(node.inputs[1])
+
+    def _infer_shape(self, node: ir.Node, op: str, out: ir.Value) -> None:
+        """Fill or sharpen the shapes attention layouts need when ONNX shape inference left them open."""
+        known = self.shape(out)
+        if known is not None and all(d is not None for d in known):
+            return
+        ins = [self.shape(v) for v in node.inputs]
+        result: Shape | None = None
+        if op == "Reshape" and ins and self.reshape_spec(node) is not None:
+            result = reshape_result(ins[0], self.reshape_spec(node), bool(_attr(node, "allowzero", 0)))
+        elif op == "Transpose" and ins and ins[0] is not None:
+            perm = _attr(node, "perm") or list(reversed(range(len(ins[0]))))
+            result = tuple(ins[0][p] for p in perm)
+        elif op == "MatMul" and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
+            a, b = ins
+            if len(a) >= 2 and len(b) >= 2:
+                result = (*_broadcast(a[:-2], b[:-2]), a[-2], b[-1])
+        elif op in ("Add", "Sub", "Mul", "Div", "Where") and all(s is not None for s in ins):
+            result = ins[0]
+            for s in ins[1:]:
+                result = _broadcast(result, s)
+        elif op in _SAME_SHAPE and ins and ins[0] is not None:
+            result = ins[0]
+        if result is None:
+            return
+        if known is not None and len(known) == len(result):
+            result = tuple(k if k is not None else r for k, r in zip(known, result, strict=True))
+        self._shape[out] = result

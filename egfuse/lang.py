@@ -1,0 +1,212 @@
+"""The e-graph language: tensors as egglog terms.
+
+Every stage (lower, rules, extract, raise) speaks this one vocabulary. Three layers of constructors:
+
+* **primitive** — one per ONNX op the rules reason about (``matmul``, ``transpose`` …). Each raises back to
+  that op, so any e-class that holds an original value can always be extracted unchanged.
+* **semantic layout** — what a ``Reshape`` *means* (``split_heads``, ``merge_lead`` …), decided at lowering
+  from symbolic shapes, so layout rules are pure algebra with no shape conditions.
+* **attention** — the canonical forms (``scores``, ``probs``, ``attend``) every spelling is rewritten into,
+  and the target ops (``mha``, ``packed_attention``) that extraction may choose per hardware target.
+
+Dims and permutations are ``String`` ("64", "batch", "0,2,1,3"): equal strings mean equal dims, which is
+all the rules need. Permutation algebra is a lookup table (``perm_then``) written into each e-graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Like, relation
+
+__all__ = [
+    "PERM_SWAP_LAST2",
+    "Tensor",
+    "finite",
+    "is_weight",
+    "perm_string",
+    "perm_table",
+    "perm_then",
+    "rank_of",
+    "scalar_of",
+    "swap_last2",
+]
+
+
+class Tensor(Expr):
+    """A tensor-valued program. Constructors are grouped as the module docstring describes."""
+
+    # --- leaves -------------------------------------------------------------------------------------------
+    @classmethod
+    def value(cls, index: i64Like) -> Tensor:
+        """An ONNX value defined outside the region (or an initializer): emitted as a reference to it."""
+
+    @classmethod
+    def zero_like(cls, like: Tensor) -> Tensor:
+        """A scalar 0 of ``like``'s dtype: the neutral bias produced when a select-mask becomes additive."""
+
+    @classmethod
+    def no_bias(cls) -> Tensor:
+        """The absent additive mask."""
+
+    # --- primitive ONNX ops -------------------------------------------------------------------------------
+    @classmethod
+    def matmul(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def add(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def sub(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def mul(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def div(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def where(cls, cond: Tensor, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def isnan(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def sqrt(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def cast(cls, a: Tensor, to: i64Like) -> Tensor: ...
+
+    @classmethod
+    def softmax(cls, a: Tensor) -> Tensor:
+        """Softmax over the last axis (the only axis attention normalises)."""
+
+    @classmethod
+    def transpose(cls, a: Tensor, perm: StringLike) -> Tensor: ...
+
+    @classmethod
+    def reshape(cls, a: Tensor, shape: Tensor) -> Tensor:
+        """A reshape with no recognised meaning: kept as the original op."""
+
+    @classmethod
+    def nan_to_zero(cls, a: Tensor, zero: Tensor) -> Tensor:
+        """``Where(IsNaN(a), zero, a)``: the guard exporters put after softmax for fully masked rows."""
+
+    # --- semantic layout (what a Reshape means) ------------------------------------------------------------
+    @classmethod
+    def split_heads(cls, a: Tensor, heads: StringLike, head_dim: StringLike) -> Tensor:
+        """(…, heads·head_dim) → (…, heads, head_dim)."""
+
+    @classmethod
+    def merge_heads(cls, a: Tensor, heads: StringLike, head_dim: StringLike) -> Tensor:
+        """(…, heads, head_dim) → (…, heads·head_dim)."""
+
+    @classmethod
+    def merge_lead(cls, a: Tensor, second: StringLike) -> Tensor:
+        """(A, second, …) → (A·second, …): how dynamo folds batch and heads into one dim."""
+
+    @classmethod
+    def split_lead(cls, a: Tensor, second: StringLike) -> Tensor:
+        """(A·second, …) → (A, second, …): the inverse of ``merge_lead``."""
+
+    # --- canonical attention -------------------------------------------------------------------------------
+    @classmethod
+    def scores(cls, q: Tensor, k: Tensor, scale: f64Like) -> Tensor:
+        """``scale · q @ kᵀ`` with q, k in (B, N, S, H) — K given untransposed, so every K layout meets here."""
+
+    @classmethod
+    def probs(cls, q: Tensor, k: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
+        """``softmax(scale · q @ kᵀ + bias)``."""
+
+    @classmethod
+    def attend(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
+        """``probs(q, k, bias, scale) @ v`` in (B, N, S, H); fully masked rows give NaN, like the primitives."""
+
+    @classmethod
+    def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
+        """``attend`` whose fully masked rows are 0: the softmax was guarded by ``nan_to_zero``."""
+
+    # --- target ops ----------------------------------------------------------------------------------------
+    @classmethod
+    def mha(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:
+        """``attend`` on the unsplit (B, S, N·H) inputs, output (B, S, N·Hv): MultiHeadAttention's layout, and
+        the standard op's 3D form (``q_num_heads``)."""
+
+    @classmethod
+    def packed_attention(
+        cls,
+        x: Tensor,
+        wq: Tensor,
+        wk: Tensor,
+        wv: Tensor,
+        bq: Tensor,
+        bk: Tensor,
+        bv: Tensor,
+        bias: Tensor,
+        scale: f64Like,
+        heads: StringLike,
+    ) -> Tensor:
+        """``com.microsoft.Attention``: the Q/K/V projections of one input and attention in one op."""
+
+
+# --- facts attached to e-classes (set by lowering, propagated by rules) ------------------------------------
+
+
+@function(merge=lambda old, new: old)
+def scalar_of(x: Tensor) -> f64:
+    """The value of a one-element constant (a scale, a mask fill, a zero)."""
+
+
+@function(merge=lambda old, new: old)
+def rank_of(x: Tensor) -> i64:
+    """The rank of a tensor, where known."""
+
+
+@function
+def perm_then(first: StringLike, then: StringLike) -> String:
+    """Composition table: ``transpose(transpose(x, first), then) == transpose(x, perm_then(first, then))``."""
+
+
+@function
+def swap_last2(perm: StringLike) -> String:
+    """``perm`` with its last two entries exchanged: the layout of K when a perm produces Kᵀ."""
+
+
+is_weight = relation("is_weight", Tensor)
+"""A constant initializer (projection weight or bias): packable into a fused op's weights."""
+
+finite = relation("finite", Tensor)
+"""Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""
+
+PERM_SWAP_LAST2 = {3: "0,2,1", 4: "0,1,3,2"}
+
+
+def perm_string(perm: tuple[int, ...] | list[int]) -> str:
+    return ",".join(str(int(p)) for p in perm)
+
+
+def perm_table(ranks: tuple[int, ...] = (3, 4)) -> list[tuple[str, str, str]]:
+    """All ``(first, then, composed)`` triples for the given ranks (24² + 6² rows: cheap to load)."""
+    rows = []
+    for rank in ranks:
+        perms = list(itertools.permutations(range(rank)))
+        for first in perms:
+            for then in perms:
+                composed = tuple(first[i] for i in then)
+                rows.append((perm_string(first), perm_string(then), perm_string(composed)))
+    return rows
+
+
+def swap_table(ranks: tuple[int, ...] = (3, 4)) -> list[tuple[str, str]]:
+    rows = []
+    for rank in ranks:
+        for perm in itertools.permutations(range(rank)):
+            swapped = (*perm[:-2], perm[-1], perm[-2])
+            rows.append((perm_string(perm), perm_string(swapped)))
+    return rows
+
+
+def constructor_names() -> list[str]:
+    """The Tensor constructors, in declaration order."""
+    decls = Tensor.__egg_decls__
+    (cls,) = (c for ident, c in decls._classes.items() if str(ident).endswith(".Tensor"))
+    return list(cls.class_methods)
+
+
+def identity_perm(rank: int) -> str:
+    return perm_string(range(rank))
+
+
+__all__ += ["constructor_names", "identity_perm", "swap_table"]

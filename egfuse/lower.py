@@ -1,0 +1,188 @@
+"""ONNX region → e-graph terms.
+
+Each ONNX value of a region gets an id; a value computed inside the region is ``(ref id)`` unioned with the
+term for its producer, a value from outside (or a known constant) is the leaf ``(value id)``. Facts the rules
+condition on (rank, scalar value, weight, finiteness) are set on the e-classes here. Reshapes are read
+through symbolic shapes into what they mean (``split_heads`` …), so rules never need shapes themselves.
+Commutative operands are put in canonical order (constant second), instead of general AC rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.dims import Dim, product, reshape_result
+from egfuse.facts import GraphFacts
+from egfuse.lang import perm_string
+from egfuse.regions import Region
+
+
+@dataclass
+class Lowered:
+    """The id ↔ value table shared by all regions lowered into one e-graph."""
+
+    values: list[ir.Value] = field(default_factory=list)
+    ids: dict[ir.Value, int] = field(default_factory=dict)
+    leaves: set[int] = field(default_factory=set)
+    commands: list[str] = field(default_factory=list)
+
+    def id_of(self, value: ir.Value) -> int:
+        if value not in self.ids:
+            self.ids[value] = len(self.values)
+            self.values.append(value)
+        return self.ids[value]
+
+
+def _q(s: object) -> str:
+    return '"' + str(s) + '"'
+
+
+def _f(x: float) -> str:
+    text = repr(float(x))
+    return text if ("." in text or "e" in text or "inf" in text or "nan" in text) else text + ".0"
+
+
+class Lowerer:
+    def __init__(self, facts: GraphFacts, names: dict[str, str], opset: int) -> None:
+        self.facts = facts
+        self.n = names
+        self.opset = opset
+        self.table = Lowered()
+
+    # --- term text helpers -----------------------------------------------------------------------------------
+    def _call(self, op: str, *args: str) -> str:
+        return f"({self.n[op]} {' '.join(args)})" if args else f"({self.n[op]})"
+
+    def _leaf(self, value: ir.Value) -> str:
+        i = self.table.id_of(value)
+        term = self._call("value", str(i))
+        if i not in self.table.leaves:
+            self.table.leaves.add(i)
+            self.table.commands.append(term)
+            self._facts(value, term, leaf=True)
+        return term
+
+    def _facts(self, value: ir.Value, term: str, leaf: bool) -> None:
+        cmds = self.table.commands
+        rank = self.facts.rank(value)
+        if rank is not None:
+            cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")
+        if not leaf:
+            return
+        scalar = self.facts.scalar(value)
+        if scalar is not None and not math.isnan(scalar):
+            cmds.append(f"(set ({self.n['scalar_of']} {term}) {_f(scalar)})")
+        const = self.facts.const(value)
+        if value.const_value is not None and value.producer() is None:
+            cmds.append(f"({self.n['is_weight']} {term})")
+            if const is None and value.const_value.size <= 1 << 22:
+                const = value.const_value.numpy()
+        if const is not None and np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)):
+            cmds.append(f"({self.n['finite']} {term})")
+
+    def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
+        if value is None:
+            return None
+        if value in inside and self.facts.const(value) is None:
+            return self._call("ref", str(self.table.id_of(value)))
+        return self._leaf(value)
+
+    # --- regions ---------------------------------------------------------------------------------------------
+    def lower(self, region: Region) -> None:
+        produced = {v for node in region.nodes for v in node.outputs}
+        for node in region.nodes:
+            out = node.outputs[0]
+            if self.facts.const(out) is not None:
+                continue  # constant bookkeeping: its users see a leaf with the value as a fact
+            args = [self._arg(v, produced) for v in node.inputs]
+            term = self._term(node, args)
+            ref = self._call("ref", str(self.table.id_of(out)))
+            if term is None:  # an op form the rules do not know: keep it as an opaque leaf value
+                self.table.commands.append(f"(union {ref} {self._leaf(out)})")
+                continue
+            self.table.commands.append(f"(union {ref} {term})")
+            self._facts(out, ref, leaf=False)
+
+    def _term(self, node: ir.Node, args: list[str | None]) -> str | None:
+        op = node.op_type
+        ins = node.inputs
+        if any(a is None for a in args[: _required_inputs(op)]):
+            return None
+        if op in ("Add", "Mul"):
+            a, b = args[0], args[1]
+            if self._is_constant(ins[0]) and not self._is_constant(ins[1]):
+                a, b = b, a  # canonical order: the constant operand second
+            return self._call(op.lower(), a, b)
+        if op in ("Sub", "Div", "MatMul"):
+            return self._call(op.lower(), args[0], args[1])
+        if op == "Where":
+            return self._call("where", *args[:3])
+        if op in ("IsNaN", "Sqrt"):
+            return self._call(op.lower(), args[0])
+        if op == "Cast":
+            return self._call("cast", args[0], str(node.attributes["to"].value))
+        if op == "Softmax":
+            return self._softmax(node, args[0])
+        if op == "Transpose":
+            rank = self.facts.rank(ins[0])
+            perm_attr = node.attributes.get("perm")
+            if perm_attr is None and rank is None:
+                return None
+            perm = list(perm_attr.value) if perm_attr is not None else list(reversed(range(rank)))
+            return self._call("transpose", args[0], _q(perm_string(perm)))
+        if op == "Reshape":
+            return self._reshape(node, args)
+        return None
+
+    def _is_constant(self, value: ir.Value | None) -> bool:
+        return value is not None and (self.facts.const(value) is not None or value.const_value is not None)
+
+    def _softmax(self, node: ir.Node, arg: str) -> str | None:
+        rank = self.facts.rank(node.inputs[0])
+        default = -1 if self.opset >= 13 else 1
+        axis = node.attributes.get("axis")
+        axis = default if axis is None else axis.value
+        if rank is None or axis % rank != rank - 1:
+            return None
+        return self._call("softmax", arg)
+
+    def _reshape(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """Read a Reshape as the layout change it performs, from the symbolic in/out shapes.
+
+        Unknown input dims become placeholder symbols, so a dim the spec copies (0) or infers (-1) is still
+        provably equal to its source even when nobody knows its size."""
+        generic = self._call("reshape", args[0], args[1])
+        src = self.facts.shape(node.inputs[0])
+        if src is None:
+            return generic
+        src = tuple(
+            d if d is not None else Dim(1, (f"?{self.table.id_of(node.inputs[0])}_{i}",)) for i, d in enumerate(src)
+        )
+        spec = self.facts.reshape_spec(node)
+        allowzero = bool(node.attributes["allowzero"].value) if "allowzero" in node.attributes else False
+        dst = reshape_result(src, spec, allowzero) if spec is not None else self.facts.shape(node.outputs[0])
+        if dst is None or any(d is None for d in dst):
+            return generic
+        if src == dst:
+            return args[0]
+        if len(dst) == len(src) + 1 and dst[:-2] == src[:-1] and _mul(dst[-2], dst[-1]) == src[-1]:
+            return self._call("split_heads", args[0], _q(dst[-2]), _q(dst[-1]))
+        if len(dst) == len(src) - 1 and dst[:-1] == src[:-2] and _mul(src[-2], src[-1]) == dst[-1]:
+            return self._call("merge_heads", args[0], _q(src[-2]), _q(src[-1]))
+        if len(dst) == len(src) - 1 and dst[1:] == src[2:] and _mul(src[0], src[1]) == dst[0]:
+            return self._call("merge_lead", args[0], _q(src[1]))
+        if len(dst) == len(src) + 1 and dst[2:] == src[1:] and _mul(dst[0], dst[1]) == src[0]:
+            return self._call("split_lead", args[0], _q(dst[1]))
+        return generic
+
+
+def _mul(a: Dim | None, b: Dim | None) -> Dim | None:
+    return product((a, b))
+
+
+def _required_inputs(op: str) -> int:
+    return {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2}.get(op, 1)

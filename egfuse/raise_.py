@@ -1,0 +1,176 @@
+"""Chosen terms → ONNX nodes (onnx-ir), written into the graph in place of a region's outputs.
+
+Emission is memoised per e-class, so a tensor the extracted program uses twice is computed once. Each region
+output keeps its value name (graph outputs and downstream consumers see no difference); the region's old
+nodes become unused and are removed afterwards by dead-node elimination.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.dims import Dim
+from egfuse.extract import Choice
+from egfuse.facts import GraphFacts
+from egfuse.lower import Lowered
+from egfuse.session import EClass, ENode
+from egfuse.targets.base import Target
+
+_SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
+           "isnan": "IsNaN", "sqrt": "Sqrt", "reshape": "Reshape"}  # fmt: skip
+
+
+class Emitter:
+    def __init__(
+        self,
+        graph: ir.Graph,
+        facts: GraphFacts,
+        lowered: Lowered,
+        classes: dict[EClass, list[ENode]],
+        ranks: dict[EClass, object],
+        choice: dict[EClass, Choice],
+        target: Target,
+        prefix: str,
+    ) -> None:
+        self.graph = graph
+        self.facts = facts
+        self.lowered = lowered
+        self.classes = classes
+        self.ranks = ranks
+        self.choice = choice
+        self.target = target
+        self.prefix = prefix
+        self.memo: dict[EClass, ir.Value] = {}
+        self.new_nodes: list[ir.Node] = []
+        self.created: set[ir.Value] = set()
+        self._counter = 0
+
+    # --- building blocks for targets -------------------------------------------------------------------------
+    def _name(self, hint: str) -> str:
+        self._counter += 1
+        return f"{self.prefix}/{hint}_{self._counter}"
+
+    def node(
+        self,
+        op: str,
+        inputs: list[ir.Value | None],
+        attrs: dict[str, object] | None = None,
+        domain: str = "",
+        like: ir.Value | None = None,
+    ) -> ir.Value:
+        node = ir.Node(
+            domain, op, inputs, attributes=ir.convenience.convert_attributes(attrs or {}), name=self._name(op)
+        )
+        out = node.outputs[0]
+        out.name = node.name
+        if like is not None and like.dtype is not None:
+            out.dtype = like.dtype
+        self.new_nodes.append(node)
+        self.created.add(out)
+        return out
+
+    def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
+        return self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
+
+    def initializer(self, array: np.ndarray, hint: str) -> ir.Value:
+        value = ir.Value(name=self._name(hint), const_value=ir.tensor(array))
+        value.dtype = ir.DataType.from_numpy(array.dtype)
+        value.shape = ir.Shape(array.shape)
+        self.graph.register_initializer(value)
+        return value
+
+    def constant_array(self, cid: EClass) -> np.ndarray:
+        value = self.value(cid)
+        if value.const_value is None:
+            raise ValueError(f"{value.name} is not a constant")
+        return value.const_value.numpy()
+
+    def leaf_value(self, cid: EClass) -> ir.Value | None:
+        for node in self.classes.get(cid, []):
+            if node.op in ("value", "ref"):
+                return self.lowered.values[node.args[0]]
+        return None
+
+    def rank(self, cid: EClass, emitted: ir.Value) -> int:
+        if cid in self.ranks:
+            return int(self.ranks[cid])
+        if emitted.shape is not None:
+            return len(emitted.shape)
+        raise ValueError(f"rank of {emitted.name} unknown")
+
+    def bias(self, cid: EClass, query: ir.Value, key: ir.Value, seq_axis: int) -> ir.Value | None:
+        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting."""
+        if self.choice[cid].node.op == "no_bias":
+            return None
+        mask = self.value(cid)
+        known = self.facts.shape(self.leaf_value(cid)) if self.leaf_value(cid) is not None else None
+        if known is not None and len(known) == 4 and all(d is not None and d != Dim(1) for d in known[2:]):
+            return mask
+        ones = self.const(np.array([1, 1], np.int64), "ones")
+        s = self.node("Shape", [query], {"start": seq_axis, "end": seq_axis + 1})
+        t = self.node("Shape", [key], {"start": seq_axis, "end": seq_axis + 1})
+        target = self.node("Concat", [ones, s, t], {"axis": 0})
+        return self.node("Expand", [mask, target], like=mask)
+
+    # --- terms -----------------------------------------------------------------------------------------------
+    def value(self, cid: EClass) -> ir.Value:
+        if cid not in self.memo:
+            self.memo[cid] = self._emit(self.choice[cid].node)
+        return self.memo[cid]
+
+    def _emit(self, n: ENode) -> ir.Value:  # noqa: PLR0911
+        op, a = n.op, n.args
+        if op == "value":
+            return self.lowered.values[a[0]]
+        if op in _SIMPLE:
+            inputs = [self.value(c) for c in a]
+            return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
+        if op == "zero_like":
+            like = self.value(a[0])
+            dtype = like.dtype.numpy() if like.dtype is not None else np.float32
+            return self.const(np.array(0, dtype=dtype), "zero")
+        if op == "cast":
+            return self.node("Cast", [self.value(a[0])], {"to": int(a[1])})
+        if op == "softmax":
+            return self.node("Softmax", [self.value(a[0])], {"axis": -1}, like=self.value(a[0]))
+        if op == "transpose":
+            x = self.value(a[0])
+            return self.node("Transpose", [x], {"perm": [int(p) for p in a[1].split(",")]}, like=x)
+        if op == "nan_to_zero":
+            x, zero = self.value(a[0]), self.value(a[1])
+            return self.node("Where", [self.node("IsNaN", [x]), zero, x], like=x)
+        if op in ("split_heads", "merge_heads"):
+            x = self.value(a[0])
+            rank = self.rank(a[0], x)
+            spec = [0] * (rank - 1) + [int(a[1]), int(a[2])] if op == "split_heads" else [0] * (rank - 2) + [-1]
+            return self.node("Reshape", [x, self.const(np.array(spec, np.int64), "shape")], like=x)
+        if op in ("merge_lead", "split_lead"):
+            x = self.value(a[0])
+            shape = self.node("Shape", [x], {"start": 2 if op == "merge_lead" else 1})
+            head = [-1] if op == "merge_lead" else [-1, int(a[1])]
+            spec = self.node("Concat", [self.const(np.array(head, np.int64), "shape"), shape], {"axis": 0})
+            return self.node("Reshape", [x, spec], like=x)
+        if op in self.target.fused_costs:
+            return self.target.emit(n, self)
+        raise ValueError(f"cannot emit {op} for target {self.target.name}")
+
+
+def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value, fresh: bool) -> None:
+    """Make ``new`` take ``old``'s place and name, so consumers and graph outputs are unchanged."""
+    if new is old:
+        return
+    name = old.name
+    if not fresh:
+        # ``new`` is an existing value (a leaf): route it through Identity to carry the name.
+        node = ir.Node("", "Identity", [new], name=f"{name}/egfuse_identity")
+        graph.append(node)
+        new = node.outputs[0]
+        new.dtype, new.shape = old.dtype, old.shape
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    old.name = f"{name}__replaced"
+    new.name = name
+    if new.shape is None and old.shape is not None:
+        new.shape = old.shape
+    if new.dtype is None and old.dtype is not None:
+        new.dtype = old.dtype

@@ -1,0 +1,136 @@
+"""Candidate attention regions: the neighbourhood of each last-axis Softmax.
+
+A region is the set of nodes the rules may rewrite for one attention block: back from the softmax to the
+Q/K/V projections, forward through the ``@ V`` MatMul and the output layout. Everything else stays out of
+the e-graph, so one odd block cannot slow or break another, and a region that fails validation can be put
+back alone. Regions are found structurally (no attention pattern is matched here): the rules decide later
+whether a region really is attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from egfuse.facts import GraphFacts
+
+# Ops the rules reason about. A value produced by any other op enters the region as an opaque leaf.
+VOCABULARY = frozenset(
+    {"MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax"}
+)
+_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast"})
+_FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
+_MAX_BACKWARD_DEPTH = 8
+
+
+@dataclass
+class Region:
+    index: int
+    softmax: ir.Node
+    nodes: list[ir.Node] = field(default_factory=list)  # in graph order
+    outputs: list[ir.Value] = field(default_factory=list)  # values used outside the region
+    main_output: ir.Value | None = None
+
+    @property
+    def name(self) -> str:
+        return self.softmax.name or f"softmax_{self.index}"
+
+
+def _single_consumer(value: ir.Value) -> ir.Node | None:
+    users = {use.node for use in value.uses()}
+    if len(users) != 1 or value.is_graph_output():
+        return None
+    return next(iter(users))
+
+
+def _is_weight(value: ir.Value | None) -> bool:
+    return value is not None and value.const_value is not None and value.producer() is None
+
+
+def _forward(softmax: ir.Node) -> list[ir.Node]:
+    """Softmax → (guard / cast)* → MatMul(·, V) → (Transpose / Reshape)*."""
+    chain: list[ir.Node] = []
+    value = softmax.outputs[0]
+    for _ in range(4):
+        users = [use.node for use in value.uses()]
+        matmuls = [n for n in users if n.op_type == "MatMul" and n.inputs[0] is value]
+        if len(matmuls) == 1 and len(users) == 1:
+            chain.append(matmuls[0])
+            break
+        # The IsNaN guard reads the probabilities twice (IsNaN(p) and Where(…, p)).
+        guards = [n for n in users if n.op_type in _FORWARD_GUARDS]
+        wheres = [n for n in guards if n.op_type == "Where"]
+        if len(guards) != len(users) or not guards:
+            return chain
+        if wheres:
+            isnan = [n for n in guards if n.op_type == "IsNaN"]
+            chain.extend(isnan + wheres[:1])
+            value = wheres[0].outputs[0]
+        else:
+            chain.append(guards[0])
+            value = guards[0].outputs[0]
+    if not chain or chain[-1].op_type != "MatMul":
+        return chain
+    value = chain[-1].outputs[0]
+    for _ in range(3):
+        nxt = _single_consumer(value)
+        if nxt is None or nxt.op_type not in _FORWARD_LAYOUT or nxt.inputs[0] is not value:
+            break
+        chain.append(nxt)
+        value = nxt.outputs[0]
+    return chain
+
+
+def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
+    """Producers of ``starts`` within the vocabulary, stopping at projections (their input is a leaf)."""
+    found: set[ir.Node] = set()
+    frontier = [(v, 0) for v in starts]
+    while frontier:
+        value, depth = frontier.pop()
+        node = value.producer()
+        if node is None or node in found or node in claimed or depth > _MAX_BACKWARD_DEPTH:
+            continue
+        if node.op_type not in VOCABULARY or node.domain not in ("", "ai.onnx") or node.op_type == "Softmax":
+            continue
+        found.add(node)
+        if node.op_type == "MatMul" and _is_weight(node.inputs[1]):
+            continue  # a projection: its activation input is where the block starts
+        for inp in node.inputs:
+            if inp is not None:
+                frontier.append((inp, depth + 1))
+    return found
+
+
+def find_regions(graph: ir.Graph, facts: GraphFacts) -> list[Region]:
+    order = {node: i for i, node in enumerate(graph)}
+    regions: list[Region] = []
+    claimed: set[ir.Node] = set()
+    for node in graph:
+        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+            continue
+        forward = _forward(node)
+        starts = [node.inputs[0]]
+        for n in forward:
+            starts.extend(v for v in n.inputs if v is not None and v.producer() not in forward)
+        members = _backward(starts, claimed) | {node} | set(forward)
+        members -= claimed
+        claimed |= members
+        region = Region(index=len(regions), softmax=node, nodes=sorted(members, key=order.__getitem__))
+        region.outputs = _escaping_values(region.nodes)
+        tail = forward[-1] if forward else node
+        region.main_output = tail.outputs[0]
+        if region.main_output not in region.outputs:
+            region.outputs.append(region.main_output)
+        regions.append(region)
+    return regions
+
+
+def _escaping_values(nodes: list[ir.Node]) -> list[ir.Value]:
+    inside = set(nodes)
+    out = []
+    for node in nodes:
+        for value in node.outputs:
+            if value.is_graph_output() or any(use.node not in inside for use in value.uses()):
+                out.append(value)
+    return out

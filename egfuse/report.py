@@ -1,0 +1,86 @@
+"""What happened to each attention region, as data: printable for people, JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RegionReport:
+    index: int
+    softmax: str  # the softmax node's name: where to look in a viewer
+    status: str  # "fused" | "not fused" | "rolled back"
+    output: str | None = None  # the region's output value (compared on onnxruntime)
+    fused_into: str | None = None  # e.g. "com.microsoft.Attention"
+    variants: dict[str, str] = field(default_factory=dict)  # what spelling was seen
+    reason: str | None = None  # why not fused / why rolled back
+    max_abs_diff: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    source: str
+    target: str
+    regions: list[RegionReport] = field(default_factory=list)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    validated: bool | None = None  # None: validation not run
+    validation_note: str | None = None
+    max_abs_diff: float | None = None  # over the graph outputs
+    stats: dict[str, float | int | str] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> int:
+        return sum(r.status == "fused" for r in self.regions)
+
+    def fused_ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.regions:
+            if r.status == "fused" and r.fused_into:
+                counts[r.fused_into] = counts.get(r.fused_into, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["fused"] = self.fused
+        d["attention_regions"] = len(self.regions)
+        return d
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=float)
+
+    def __str__(self) -> str:
+        lines = [
+            f"egfuse: {self.source} → target {self.target}",
+            f"  attention fused: {self.fused}/{len(self.regions)}   nodes: {self.nodes_before} → {self.nodes_after}",
+        ]
+        if self.validated is not None:
+            verdict = "passed" if self.validated else "FAILED"
+            diff = f" (max abs diff {self.max_abs_diff:.2e})" if self.max_abs_diff is not None else ""
+            lines.append(f"  onnxruntime validation: {verdict}{diff}")
+        if self.validation_note:
+            lines.append(f"  note: {self.validation_note}")
+        if self.regions:
+            lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<34} details")
+        for r in self.regions:
+            result = f"fused → {r.fused_into}" if r.status == "fused" else r.status
+            details = ", ".join(f"{k}: {v}" for k, v in r.variants.items())
+            if r.reason:
+                details = f"{r.reason}" + (f" [{details}]" if details else "")
+            lines.append(f"  {r.index:>3}  {_clip(r.softmax, 34):<34} {_clip(result, 34):<34} {details}")
+            lines.extend(f"       note: {n}" for n in r.notes)
+        timing = self.stats.get("seconds_total")
+        if timing is not None:
+            lines.append(
+                f"  time {timing:.2f}s (saturate {self.stats.get('seconds_saturate', 0):.2f}s, "
+                f"validate {self.stats.get('seconds_validate', 0):.2f}s); e-graph "
+                f"{self.stats.get('enodes_before')} → {self.stats.get('enodes_after')} e-nodes, "
+                f"{self.stats.get('iterations')} iterations ({self.stats.get('stop_reason')})"
+            )
+        return "\n".join(lines)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1) :]

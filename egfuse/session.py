@@ -1,0 +1,148 @@
+"""One egglog e-graph, loaded fast and read back fast.
+
+egglog-python's typed API is how rules are *written* (``rules/``). For *loading* thousands of graph values
+it is too slow (building terms re-walks shared subterms), and one huge program string is quadratic in
+egglog's parser. So terms are issued as small egglog-text batches with the constructor names egglog-python
+registered, and read back through ``freeze()``. This module is the only one that touches those internals.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import egglog
+from egglog import bindings
+
+from egfuse import lang
+
+_BATCH = 256  # commands per parse: egglog's parser is quadratic in one program's length
+
+
+def egg_name(egraph: egglog.EGraph, fn: object) -> str:
+    """The egglog-level name of a typed constructor/function, registering it with ``egraph`` if needed."""
+    egraph._add_decls(fn)
+    return egraph._state.callable_ref_to_egg(fn.__egg_ref__)[0]
+
+
+@dataclass
+class RunStats:
+    iterations: int = 0
+    seconds: float = 0.0
+    enodes_before: int = 0
+    enodes_after: int = 0
+    stop_reason: str = ""
+    matches: int = 0
+
+
+class EClass(int):
+    """An e-class id (kept apart from i64 arguments, which are plain ints)."""
+
+    def __repr__(self) -> str:
+        return f"e{int(self)}"
+
+
+@dataclass(frozen=True)
+class ENode:
+    op: str  # the constructor's Python name, e.g. "matmul"
+    args: tuple  # EClass for Tensor children, Python values (int, float, str) for primitives
+
+    @property
+    def children(self) -> tuple[EClass, ...]:
+        return tuple(a for a in self.args if isinstance(a, EClass))
+
+
+class Session:
+    """An e-graph over the language in :mod:`egfuse.lang`, with the perm tables already loaded."""
+
+    def __init__(self) -> None:
+        self.egraph = egglog.EGraph()
+        self._raw: bindings.EGraph = self.egraph._egraph
+        constructors = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
+        self.names: dict[str, str] = {name: egg_name(self.egraph, fn) for name, fn in constructors.items()}
+        self.names["ref"] = "egfuse_ref"
+        self._raw.run_program(
+            *self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})")
+        )
+        for fact in ("scalar_of", "rank_of", "perm_then", "swap_last2", "is_weight", "finite"):
+            self.names[fact] = egg_name(self.egraph, getattr(lang, fact))
+        self._python_name = {egg: py for py, egg in self.names.items()}
+        self.add(
+            [f'(set ({self.names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
+            + [f'(set ({self.names["swap_last2"]} "{a}") "{b}")' for a, b in lang.swap_table()]
+        )
+
+    def _sort_name(self) -> str:
+        self.egraph._add_decls(lang.Tensor)
+        return self.egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
+
+    # --- loading ---------------------------------------------------------------------------------------------
+    def add(self, commands: list[str]) -> None:
+        for i in range(0, len(commands), _BATCH):
+            text = "\n".join(commands[i : i + _BATCH])
+            self._raw.run_program(*self._raw.parse_program(text))
+
+    def size(self) -> int:
+        return sum(n for _, n in self.egraph.all_function_sizes())
+
+    # --- saturation ------------------------------------------------------------------------------------------
+    def run(
+        self, ruleset: egglog.Ruleset, *, max_iterations: int, max_enodes: int, max_seconds: float
+    ) -> RunStats:
+        """Run one iteration at a time: egglog's ``run`` has no node or time budget of its own."""
+        stats = RunStats(enodes_before=self.size())
+        start = time.perf_counter()
+        stats.stop_reason = "iteration budget"
+        for _ in range(max_iterations):
+            report = self.egraph.run(1, ruleset=ruleset)
+            stats.iterations += 1
+            stats.matches += sum(report.num_matches_per_rule.values())
+            if not report.updated:
+                stats.stop_reason = "saturated"
+                break
+            size = self.size()
+            if size > max_enodes:
+                stats.stop_reason = f"node budget ({size} > {max_enodes})"
+                break
+            if time.perf_counter() - start > max_seconds:
+                stats.stop_reason = f"time budget ({max_seconds}s)"
+                break
+        stats.seconds = time.perf_counter() - start
+        stats.enodes_after = self.size()
+        return stats
+
+    # --- reading back ----------------------------------------------------------------------------------------
+    def freeze(self) -> tuple[dict[EClass, list[ENode]], dict[str, dict[EClass, object]]]:
+        """E-classes of Tensor (id → e-nodes) and the fact tables (name → {e-class id: value})."""
+        frozen = self._raw.freeze()
+        classes: dict[EClass, list[ENode]] = {}
+        facts: dict[str, dict[EClass, object]] = {"scalar_of": {}, "rank_of": {}, "is_weight": {}, "finite": {}}
+        ids: dict[bindings.Value, int] = {}
+
+        def cid(value: bindings.Value) -> EClass:
+            return EClass(ids.setdefault(value, len(ids)))
+
+        tensor_sort = self._sort_name()
+        convert = {
+            "i64": self._raw.value_to_i64,
+            "f64": self._raw.value_to_f64,
+            "String": self._raw.value_to_string,
+        }
+        for egg, fn in frozen.functions.items():
+            py = self._python_name.get(egg)
+            if py is None:
+                continue
+            if py in facts:
+                for row in fn.rows:
+                    out = True if fn.output_sort not in convert else convert[fn.output_sort](row.output)
+                    facts[py][cid(row.inputs[0])] = out
+                continue
+            if fn.output_sort != tensor_sort:
+                continue
+            for row in fn.rows:
+                args = tuple(
+                    cid(v) if sort == tensor_sort else convert[sort](v)
+                    for v, sort in zip(row.inputs, fn.input_sorts, strict=True)
+                )
+                classes.setdefault(cid(row.output), []).append(ENode(py, args))
+        return classes, facts

@@ -1,0 +1,35 @@
+"""The portable target: the standard ``Attention`` op (ONNX opset 23)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from egfuse.session import ENode
+from egfuse.targets.base import Target
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from egfuse.raise_ import Emitter
+
+
+class OnnxTarget(Target):
+    name = "onnx"
+    description = "standard ONNX Attention (opset 23)"
+    # 3D (unsplit) inputs save the head split/merge layout ops around the op, so both forms cost the same.
+    fused_costs = {"attend": 12.0, "attend_z": 12.0, "mha": 12.0}  # noqa: RUF012
+    opsets = {"": 23}  # noqa: RUF012
+
+    def emit(self, node: ENode, e: Emitter) -> ir.Value:
+        q, k, v, bias, scale = node.args[:5]
+        seq_axis = 2 if node.op in ("attend", "attend_z") else 1
+        inputs = [e.value(q), e.value(k), e.value(v)]
+        mask = e.bias(bias, inputs[0], inputs[1], seq_axis)
+        attrs: dict[str, object] = {"scale": float(scale)}
+        if node.op == "mha":
+            heads = int(node.args[5])
+            attrs.update(q_num_heads=heads, kv_num_heads=heads)
+        return e.node("Attention", [*inputs, mask] if mask is not None else inputs, attrs, like=inputs[0])
+
+    def op_name(self, node: ENode) -> str:
+        return "Attention"

@@ -1,0 +1,23 @@
+"""Rewrite rule sets, one family a file. Each rule states an algebraic identity that holds for any model;
+conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), never names or shapes of a corpus.
+
+* ``commute``   — canonical operand order (constant second, scores first) instead of general AC rules
+* ``layout``    — transpose composition, reshape inverses, scalars and guards moving through layout ops
+* ``scale``     — every placement of the 1/√d scale folds into ``scores``' scale
+* ``masks``     — select masks become additive, bias and scale distribute, the NaN guard is recognised
+* ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
+* ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
+"""
+
+from __future__ import annotations
+
+from egglog import Ruleset
+
+from egfuse.rules import attention, commute, facts, layout, masks, ort, scale
+
+CORE: Ruleset = facts.rules | commute.rules | layout.rules | scale.rules | masks.rules | attention.rules
+"""Target-independent: every spelling of attention lands in one e-class with ``attend``."""
+
+TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
+
+__all__ = ["CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "scale"]

@@ -1,0 +1,36 @@
+"""Attention itself: ``softmax(scores + bias) @ V`` is ``attend`` — the one e-class every spelling reaches —
+and ``attend`` over head-split inputs is ``mha`` over the unsplit ones."""
+
+from __future__ import annotations
+
+from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
+
+from egfuse.lang import Tensor, rank_of
+
+BNSH = "0,2,1,3"
+
+
+def heads_first(x: Tensor, n: String, h: String) -> Tensor:
+    """(B, S, N·H) → (B, N, S, H), the way every exporter splits heads."""
+    return Tensor.transpose(Tensor.split_heads(x, n, h), BNSH)
+
+
+@ruleset
+def rules(q: Tensor, k: Tensor, v: Tensor, b: Tensor, z: Tensor, s: f64, n: String, h: String, hk: String,
+          hv: String):
+    yield rewrite(Tensor.softmax(Tensor.scores(q, k, s))).to(Tensor.probs(q, k, Tensor.no_bias(), s))
+    yield rewrite(Tensor.softmax(Tensor.add(Tensor.scores(q, k, s), b))).to(Tensor.probs(q, k, b, s))
+    yield rewrite(Tensor.matmul(Tensor.probs(q, k, b, s), v)).to(
+        Tensor.attend(q, k, v, b, s), eq(rank_of(v)).to(i64(4))
+    )
+    # Guarded probabilities: fully masked rows give 0 instead of NaN. The guard commutes with "@ V" (a NaN
+    # row of p makes a NaN row of p @ V, for finite V), so it is also a guard after an unguarded attend.
+    guarded = Tensor.matmul(Tensor.nan_to_zero(Tensor.probs(q, k, b, s), z), v)
+    yield rule(guarded, eq(rank_of(v)).to(i64(4))).then(
+        union(guarded).with_(Tensor.attend_z(q, k, v, b, s)),
+        union(guarded).with_(Tensor.nan_to_zero(Tensor.attend(q, k, v, b, s), z)),
+    )
+    # The head split commutes with attention: attend(split(q), split(k), split(v)) = split(mha(q, k, v)).
+    yield rewrite(Tensor.attend(heads_first(q, n, h), heads_first(k, n, hk), heads_first(v, n, hv), b, s)).to(
+        heads_first(Tensor.mha(q, k, v, b, s, n), n, hv)
+    )

@@ -1,0 +1,23 @@
+"""Canonical operand order for the commutative ops attention uses.
+
+General commutativity/associativity explodes (a 12-term sum passes 470k e-nodes), so operands are put in
+one canonical order instead: a scalar or weight second, the attention scores first. Lowering already orders
+graph operands this way; these rules order the terms other rules create.
+"""
+
+from __future__ import annotations
+
+from egglog import String, f64, rewrite, ruleset
+
+from egfuse.lang import Tensor, is_weight, scalar_of
+
+
+@ruleset
+def rules(a: Tensor, b: Tensor, q: Tensor, k: Tensor, s: f64, x: f64, p: String):
+    yield rewrite(Tensor.mul(a, b)).to(Tensor.mul(b, a), scalar_of(a) == x)
+    yield rewrite(Tensor.add(a, b)).to(Tensor.add(b, a), is_weight(a))
+    yield rewrite(Tensor.add(a, Tensor.scores(q, k, s))).to(Tensor.add(Tensor.scores(q, k, s), a))
+    # Bias terms added one after the other are one bias: (S + b1) + b2 = S + (b1 + b2).
+    yield rewrite(Tensor.add(Tensor.add(Tensor.scores(q, k, s), a), b)).to(
+        Tensor.add(Tensor.scores(q, k, s), Tensor.add(a, b))
+    )

@@ -1,0 +1,33 @@
+"""Facts follow the terms the other rules build: a rewritten term keeps the rank, value and finiteness
+that made the original term match, so rules can chain."""
+
+from __future__ import annotations
+
+from egglog import String, f64, i64, rule, ruleset, set_
+
+from egfuse.lang import Tensor, finite, rank_of, scalar_of
+
+
+@ruleset
+def rules(a: Tensor, b: Tensor, c: Tensor, x: f64, y: f64, r: i64, p: String, n: String, h: String):
+    # Scalar constants combine (scales multiplied or divided together by the other rules).
+    yield rule(Tensor.mul(a, b), scalar_of(a) == x, scalar_of(b) == y).then(set_(scalar_of(Tensor.mul(a, b))).to(x * y))
+    yield rule(Tensor.div(a, b), scalar_of(a) == x, scalar_of(b) == y, y != f64(0.0)).then(
+        set_(scalar_of(Tensor.div(a, b))).to(x / y)
+    )
+    yield rule(Tensor.zero_like(a)).then(set_(scalar_of(Tensor.zero_like(a))).to(f64(0.0)))
+    # Rank through layout ops that keep it.
+    yield rule(Tensor.transpose(a, p), rank_of(a) == r).then(set_(rank_of(Tensor.transpose(a, p))).to(r))
+    yield rule(Tensor.mul(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.mul(a, b))).to(r))
+    yield rule(Tensor.div(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.div(a, b))).to(r))
+    yield rule(Tensor.split_heads(a, n, h), rank_of(a) == r).then(
+        set_(rank_of(Tensor.split_heads(a, n, h))).to(r + 1)
+    )
+    # Finiteness: what a softmax can never turn into NaN rows.
+    yield rule(Tensor.no_bias()).then(finite(Tensor.no_bias()))
+    yield rule(Tensor.zero_like(a)).then(finite(Tensor.zero_like(a)))
+    yield rule(Tensor.where(c, a, b), finite(a), finite(b)).then(finite(Tensor.where(c, a, b)))
+    yield rule(Tensor.add(a, b), finite(a), finite(b)).then(finite(Tensor.add(a, b)))
+    yield rule(Tensor.mul(a, b), finite(a), finite(b)).then(finite(Tensor.mul(a, b)))
+    yield rule(Tensor.sub(a, b), finite(a), finite(b)).then(finite(Tensor.sub(a, b)))
+    yield rule(Tensor.cast(a, r), finite(a)).then(finite(Tensor.cast(a, r)))

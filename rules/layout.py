@@ -1,0 +1,46 @@
+"""Layout algebra: how Transpose and the meanings of Reshape compose.
+
+Exporters reach the same (B, N, S, H) tensors by different paths — K transposed with (0,1,3,2), with
+(0,2,3,1) straight from BSNH, or through the 3D reshape/transpose/reshape dance dynamo writes. Composing
+permutations (a table loaded into the e-graph) and cancelling inverse reshapes makes all of them equal.
+Scalars and the NaN guard are elementwise, so they move freely through any layout op.
+"""
+
+from __future__ import annotations
+
+from egglog import String, birewrite, f64, rewrite, rule, ruleset, union
+
+from egfuse.lang import Tensor, perm_then, scalar_of
+
+
+@ruleset
+def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: String, h: String, f: f64):
+    # transpose ∘ transpose = transpose by the composed permutation; the identity permutation vanishes.
+    yield rule(Tensor.transpose(Tensor.transpose(x, p), q), pq == perm_then(p, q)).then(
+        union(Tensor.transpose(Tensor.transpose(x, p), q)).with_(Tensor.transpose(x, pq))
+    )
+    yield rewrite(Tensor.transpose(x, "0,1,2,3")).to(x)
+    yield rewrite(Tensor.transpose(x, "0,1,2")).to(x)
+    # Reshape meanings and their inverses.
+    yield rewrite(Tensor.merge_heads(Tensor.split_heads(x, n, h), n, h)).to(x)
+    yield rewrite(Tensor.split_heads(Tensor.merge_heads(x, n, h), n, h)).to(x)
+    yield rewrite(Tensor.split_lead(Tensor.merge_lead(x, n), n)).to(x)
+    yield rewrite(Tensor.merge_lead(Tensor.split_lead(x, n), n)).to(x)
+    # A transpose that keeps the merged leading dim in place commutes with the merge (rank 3 ↔ rank 4).
+    yield rewrite(Tensor.transpose(Tensor.merge_lead(x, n), "0,2,1")).to(
+        Tensor.merge_lead(Tensor.transpose(x, "0,1,3,2"), n)
+    )
+    yield rewrite(Tensor.split_lead(Tensor.transpose(x, "0,2,1"), n)).to(
+        Tensor.transpose(Tensor.split_lead(x, n), "0,1,3,2")
+    )
+    # Elementwise scalars move through layout ops (they broadcast the same way before and after).
+    for layout in (
+        lambda t: Tensor.transpose(t, p),
+        lambda t: Tensor.split_heads(t, n, h),
+        lambda t: Tensor.merge_heads(t, n, h),
+        lambda t: Tensor.merge_lead(t, n),
+        lambda t: Tensor.split_lead(t, n),
+    ):
+        yield rewrite(layout(Tensor.mul(x, c))).to(Tensor.mul(layout(x), c), scalar_of(c) == f)
+        yield rewrite(layout(Tensor.div(x, c))).to(Tensor.div(layout(x), c), scalar_of(c) == f)
+        yield birewrite(layout(Tensor.nan_to_zero(x, z))).to(Tensor.nan_to_zero(layout(x), z))

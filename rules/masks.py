@@ -1,0 +1,49 @@
+"""Masks: every way exporters mask scores becomes one additive ``bias``.
+
+* select masks ``Where(m, S, fill)`` with a very negative fill (−inf, finfo.min, −1e9 …) are ``S + Where(m,
+  0, fill)`` under the softmax: masked entries get weight exp(−huge) = 0 either way (exact for −inf, and
+  within float rounding for any fill ≤ −1e4); the reversed polarity ``Where(m, fill, S)`` likewise;
+* a mask added before the scale is a scaled mask added after it (distributivity);
+* ``Where(IsNaN(p), 0, p)`` is the NaN guard; once the mask is known finite it is the identity.
+"""
+
+from __future__ import annotations
+
+from egglog import f64, rewrite, rule, ruleset, union
+
+from egfuse.lang import Tensor, finite, scalar_of
+
+MASK_FILL_MAX = -1e4
+"""A select-mask fill at or below this is 'masked out' (exp underflows to 0 in fp16 and fp32)."""
+
+
+@ruleset
+def rules(q: Tensor, k: Tensor, m: Tensor, x: Tensor, b: Tensor, c: Tensor, d: Tensor, z: Tensor, p: Tensor,
+          s: f64, f: f64, g: f64):
+    fill = f64(MASK_FILL_MAX)
+    yield rewrite(Tensor.softmax(Tensor.where(m, x, c))).to(
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.zero_like(c), c))), scalar_of(c) == f, f <= fill
+    )
+    yield rewrite(Tensor.softmax(Tensor.where(m, c, x))).to(
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.zero_like(c)))), scalar_of(c) == f, f <= fill
+    )
+    # Scaling a select-masked tensor scales both branches (exact, elementwise).
+    yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
+        Tensor.where(m, Tensor.mul(x, d), Tensor.mul(c, d)), scalar_of(c) == f, scalar_of(d) == g
+    )
+    yield rewrite(Tensor.div(Tensor.where(m, x, c), d)).to(
+        Tensor.where(m, Tensor.div(x, d), Tensor.div(c, d)), scalar_of(c) == f, scalar_of(d) == g, g != f64(0.0)
+    )
+    # (S + b)·c = S·c + b·c — the mask added before the scale.
+    yield rewrite(Tensor.mul(Tensor.add(Tensor.scores(q, k, s), b), c)).to(
+        Tensor.add(Tensor.scores(q, k, s * f), Tensor.mul(b, c)), scalar_of(c) == f
+    )
+    yield rewrite(Tensor.div(Tensor.add(Tensor.scores(q, k, s), b), c)).to(
+        Tensor.add(Tensor.scores(q, k, s / f), Tensor.div(b, c)), scalar_of(c) == f, f != f64(0.0)
+    )
+    # The NaN guard after softmax.
+    yield rule(Tensor.where(Tensor.isnan(p), z, p), scalar_of(z) == f64(0.0)).then(
+        union(Tensor.where(Tensor.isnan(p), z, p)).with_(Tensor.nan_to_zero(p, z))
+    )
+    # A guard over a finite-masked attention never fires.
+    yield rewrite(Tensor.attend_z(q, k, x, b, s)).to(Tensor.attend(q, k, x, b, s), finite(b))

@@ -1,0 +1,21 @@
+"""onnxruntime's packed-QKV ``com.microsoft.Attention``: ``mha`` whose Q, K and V are three projections
+``x @ W + b`` of one input is one op with the three weights concatenated (the fastest spelling of a BERT
+block on ORT CPU)."""
+
+from __future__ import annotations
+
+from egglog import String, f64, rewrite, ruleset
+
+from egfuse.lang import Tensor, is_weight
+
+
+@ruleset
+def rules(b: Tensor, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, bk: Tensor, bv: Tensor,
+          s: f64, n: String):
+    def proj(w: Tensor, c: Tensor) -> Tensor:
+        return Tensor.add(Tensor.matmul(x, w), c)
+
+    yield rewrite(Tensor.mha(proj(wq, bq), proj(wk, bk), proj(wv, bv), b, s, n)).to(
+        Tensor.packed_attention(x, wq, wk, wv, bq, bk, bv, b, s, n),
+        is_weight(wq), is_weight(wk), is_weight(wv), is_weight(bq), is_weight(bk), is_weight(bv),
+    )

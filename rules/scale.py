@@ -1,0 +1,34 @@
+"""Scale placement: Q·Kᵀ scaled after the MatMul (Mul or Div), on Q only, on K only, or √scale on both
+(torch ≥ 2.9's SDPA decomposition, BART) — all are ``scores(q, k, s)`` with the product of the factors.
+
+Scales are exact f64 products of the graph's own constants: no assumption that s equals 1/√d, so a model
+with a custom scale keeps it (the fused op gets it as its ``scale`` attribute).
+"""
+
+from __future__ import annotations
+
+from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
+
+from egfuse.lang import Tensor, rank_of, scalar_of, swap_last2
+
+
+@ruleset
+def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String, pk: String):
+    # q @ transpose(x, p) is q @ Kᵀ with K = transpose(x, p with its last two entries swapped).
+    yield rule(Tensor.matmul(q, Tensor.transpose(x, p)), eq(rank_of(q)).to(i64(4)), pk == swap_last2(p)).then(
+        union(Tensor.matmul(q, Tensor.transpose(x, p))).with_(Tensor.scores(q, Tensor.transpose(x, pk), 1.0))
+    )
+    # A scale applied to the scores …
+    yield rewrite(Tensor.mul(Tensor.scores(q, k, s), c)).to(Tensor.scores(q, k, s * f), scalar_of(c) == f)
+    yield rewrite(Tensor.div(Tensor.scores(q, k, s), c)).to(
+        Tensor.scores(q, k, s / f), scalar_of(c) == f, f != f64(0.0)
+    )
+    # … or to Q or K before the MatMul.
+    yield rewrite(Tensor.scores(Tensor.mul(q, c), k, s)).to(Tensor.scores(q, k, s * f), scalar_of(c) == f)
+    yield rewrite(Tensor.scores(Tensor.div(q, c), k, s)).to(
+        Tensor.scores(q, k, s / f), scalar_of(c) == f, f != f64(0.0)
+    )
+    yield rewrite(Tensor.scores(q, Tensor.mul(k, c), s)).to(Tensor.scores(q, k, s * f), scalar_of(c) == f)
+    yield rewrite(Tensor.scores(q, Tensor.div(k, c), s)).to(
+        Tensor.scores(q, k, s / f), scalar_of(c) == f, f != f64(0.0)
+    )
