@@ -21,7 +21,7 @@ import onnx_ir.passes.common as ir_passes
 from egfuse import diagnose, validate
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
-from egfuse.facts import GraphFacts
+from egfuse.facts import SAME_SHAPE, GraphFacts
 from egfuse.load import LoadedModel, ModelLike, default_opset, load
 from egfuse.lower import Lowerer
 from egfuse.raise_ import Emitter, replace_output
@@ -71,7 +71,7 @@ def fuse(
     get_target(target)  # fail early on an unknown name
     loaded = load(model)
     original = loaded.proto
-    prepared = _prepare(loaded, target)
+    prepared, prepare_note = _prepare(loaded, target, validate)
     budgets = budgets or Budgets()
     excluded: dict[int, tuple[str, float]] = {}
     fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
@@ -88,6 +88,15 @@ def fuse(
     elif validate:
         report.validated = None
         report.validation_note = "nothing was fused, so the model is unchanged"
+    if prepare_note:
+        report.validation_note = f"{report.validation_note}; {prepare_note}" if report.validation_note else prepare_note
+        if not report.validated and report.fused:
+            raise EgfuseError(
+                "the opset bump needed for the standard Attention op did not validate; use --target ort",
+                path=loaded.source,
+            )
+    if not report.fused:
+        fused_proto = original  # nothing to gain: hand back the model exactly as it came
     report.stats["seconds_total"] = time.perf_counter() - start
     return FuseResult(fused_proto, report, loaded)
 
@@ -95,22 +104,62 @@ def fuse(
 # --- stages -------------------------------------------------------------------------------------------------
 
 
-def _prepare(loaded: LoadedModel, target: str) -> onnx.ModelProto:
-    proto = loaded.proto
-    if target == "onnx" and default_opset(proto) < STANDARD_ATTENTION_OPSET:
+def _prepare(loaded: LoadedModel, target: str, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
+    """Raise the opset where the target needs it and infer shapes; returns the model and a note for the report."""
+    proto, note = loaded.proto, None
+    old = default_opset(proto)
+    if target == "onnx" and old < STANDARD_ATTENTION_OPSET:
         try:
             proto = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
         except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
-            raise EgfuseError(
-                f"cannot raise the model from opset {default_opset(loaded.proto)} to "
-                f"{STANDARD_ATTENTION_OPSET} for the standard Attention op ({err}); try --target ort",
-                path=loaded.source,
-            ) from None
+            reason = str(err).strip().splitlines()[-1][-160:]
+            if not will_validate:
+                raise EgfuseError(
+                    f"cannot convert opset {old} to {STANDARD_ATTENTION_OPSET} for the standard Attention op "
+                    f"({reason}); enable validation to try a plain opset bump, or use --target ort",
+                    path=loaded.source,
+                ) from None
+            proto = _bump_opset(proto, STANDARD_ATTENTION_OPSET)
+            note = (
+                f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}); "
+                "the opset import was raised as is and the result checked on onnxruntime"
+            )
         proto.ir_version = max(proto.ir_version, 10)
-    try:
-        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-    except Exception:  # shapes are an aid: the rules still run on what is known
-        pass
+    return infer_shapes(proto), note
+
+
+def _bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    bumped = onnx.ModelProto()
+    bumped.CopyFrom(proto)
+    for entry in bumped.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = version
+    return bumped
+
+
+def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
+    """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
+    17): their output takes their input's shape, and inference runs again from there."""
+    for _ in range(rounds):
+        try:
+            proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        except Exception:  # shapes are an aid: the rules still run on what is known
+            return proto
+        known = {v.name: v for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+        known.update({t.name: None for t in proto.graph.initializer})
+        added = False
+        for node in proto.graph.node:
+            if node.op_type not in SAME_SHAPE or not node.output or node.output[0] in known:
+                continue
+            source = known.get(node.input[0]) if node.input else None
+            if source is not None and source.type.tensor_type.HasField("shape"):
+                info = onnx.ValueInfoProto()
+                info.CopyFrom(source)
+                info.name = node.output[0]
+                proto.graph.value_info.append(info)
+                added = True
+        if not added:
+            break
     return proto
 
 

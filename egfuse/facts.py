@@ -89,7 +89,7 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
 
 # Ops whose (first) output has the shape of their first input, including common contrib ops that ONNX
 # shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
-_SAME_SHAPE = frozenset({
+SAME_SHAPE = frozenset({
     "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
     "Sigmoid", "Exp", "Log", "Abs", "Dropout", "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
@@ -161,7 +161,7 @@ class GraphFacts:
 
     def _visit(self, node: ir.Node) -> None:
         if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
-            if node.outputs and node.op_type in _SAME_SHAPE:
+            if node.outputs and node.op_type in SAME_SHAPE:
                 self._infer_shape(node, node.op_type, node.outputs[0])
             return
         out = node.outputs[0]
@@ -256,7 +256,7 @@ class GraphFacts:
             result = ins[0]
             for s in ins[1:]:
                 result = _broadcast(result, s)
-        elif op in _SAME_SHAPE and ins and ins[0] is not None:
+        elif op in SAME_SHAPE and ins and ins[0] is not None:
             result = ins[0]
         if result is None:
             return

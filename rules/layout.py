@@ -33,6 +33,11 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     yield rewrite(Tensor.split_lead(Tensor.transpose(x, "0,2,1"), n)).to(
         Tensor.transpose(Tensor.split_lead(x, n), "0,1,3,2")
     )
+    # A scalar factor moves out of a MatMul (it is linear in each operand).
+    yield rewrite(Tensor.matmul(Tensor.mul(x, c), z)).to(Tensor.mul(Tensor.matmul(x, z), c), scalar_of(c) == f)
+    yield rewrite(Tensor.matmul(z, Tensor.mul(x, c))).to(Tensor.mul(Tensor.matmul(z, x), c), scalar_of(c) == f)
+    yield rewrite(Tensor.matmul(Tensor.div(x, c), z)).to(Tensor.div(Tensor.matmul(x, z), c), scalar_of(c) == f)
+    yield rewrite(Tensor.matmul(z, Tensor.div(x, c))).to(Tensor.div(Tensor.matmul(z, x), c), scalar_of(c) == f)
     # Elementwise scalars move through layout ops (they broadcast the same way before and after).
     for layout in (
         lambda t: Tensor.transpose(t, p),
