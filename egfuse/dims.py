@@ -23,7 +23,7 @@ class Dim:
         if isinstance(d, Dim):
             return d
         if isinstance(d, int):
-            return Dim(d) if d >= 0 else None
+            return Dim(d) if d >= 0 else None  # (shapes only: reshape specs keep -1 as Dim(-1))
         if isinstance(d, ir.SymbolicDim):
             return Dim(1, (d.value,)) if d.value else None
         if isinstance(d, str):
@@ -79,6 +79,8 @@ def reshape_result(in_shape: Shape | None, spec: tuple[Dim | int | None, ...], a
     out: list[Dim | None] = []
     minus_one_at = None
     for i, d in enumerate(spec):
+        if isinstance(d, Dim) and not d.syms and d.coef in (0, -1):
+            d = d.coef  # noqa: PLW2901 — a literal 0 (copy) or -1 (infer) that came through symbolic elements
         if isinstance(d, int) and d == 0 and not allowzero:
             out.append(in_shape[i] if in_shape is not None and i < len(in_shape) else None)
         elif isinstance(d, int) and d == -1:

@@ -96,6 +96,10 @@ SAME_SHAPE = frozenset({
 })  # fmt: skip
 
 
+def _invented(d: Dim) -> bool:
+    return any(sym.startswith("unk__") for sym in d.syms)
+
+
 def _unsqueezed(shape: tuple[int, ...], axes) -> tuple[int, ...]:
     out = list(shape)
     rank = len(shape) + len(axes)
@@ -157,7 +161,8 @@ class GraphFacts:
     def _set_const(self, value: ir.Value, array: np.ndarray) -> None:
         self._const[value] = array
         if array.ndim <= 1 and np.issubdtype(array.dtype, np.integer):
-            self._elems[value] = tuple(Dim(int(v)) if v >= 0 else None for v in array.reshape(-1))
+            # Negative entries are kept: -1 in a reshape target means "infer this dim".
+            self._elems[value] = tuple(Dim(int(v)) for v in array.reshape(-1))
 
     def _visit(self, node: ir.Node) -> None:
         if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
@@ -224,7 +229,7 @@ class GraphFacts:
 
     def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
         self._elems[value] = items
-        if all(d is not None and d.static is not None for d in items):
+        if all(d is not None and d.static is not None for d in items) and items:
             array = np.array([d.static for d in items], np.int64)
             rank = self.rank(value)
             self._const[value] = array.reshape(()) if rank == 0 and array.size == 1 else array
@@ -237,9 +242,11 @@ class GraphFacts:
         return self.elems(node.inputs[1])
 
     def _infer_shape(self, node: ir.Node, op: str, out: ir.Value) -> None:
-        """Fill or sharpen the shapes attention layouts need when ONNX shape inference left them open."""
+        """Fill or sharpen the shapes attention layouts need. ONNX shape inference invents a fresh symbol
+        (``unk__N``) wherever it loses track (broadcasting two symbolic dims, a Reshape target computed from
+        ``Shape``); a dim computed here from the inputs wins over such a symbol."""
         known = self.shape(out)
-        if known is not None and all(d is not None for d in known):
+        if known is not None and all(d is not None and not _invented(d) for d in known):
             return
         ins = [self.shape(v) for v in node.inputs]
         result: Shape | None = None
@@ -261,5 +268,7 @@ class GraphFacts:
         if result is None:
             return
         if known is not None and len(known) == len(result):
-            result = tuple(k if k is not None else r for k, r in zip(known, result, strict=True))
+            result = tuple(
+                r if (k is None or _invented(k)) and r is not None else k for k, r in zip(known, result, strict=True)
+            )
         self._shape[out] = result

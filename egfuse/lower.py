@@ -124,7 +124,10 @@ class Lowerer:
         if op in ("IsNaN", "Sqrt"):
             return self._call(op.lower(), args[0])
         if op == "Cast":
-            return self._call("cast", args[0], str(node.attributes["to"].value))
+            to = int(node.attributes["to"].value)
+            if ins[0].dtype is not None and int(ins[0].dtype) == to:
+                return args[0]  # a cast to the dtype it already has is the identity
+            return self._call("cast", args[0], str(to))
         if op == "Softmax":
             return self._softmax(node, args[0])
         if op == "Transpose":

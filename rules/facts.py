@@ -9,7 +9,7 @@ from egfuse.lang import Tensor, finite, rank_of, scalar_of
 
 
 @ruleset
-def rules(a: Tensor, b: Tensor, c: Tensor, x: f64, y: f64, r: i64, p: String, n: String, h: String):
+def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p: String, n: String, h: String):
     # Scalar constants combine (scales multiplied or divided together by the other rules).
     yield rule(Tensor.mul(a, b), scalar_of(a) == x, scalar_of(b) == y).then(set_(scalar_of(Tensor.mul(a, b))).to(x * y))
     yield rule(Tensor.div(a, b), scalar_of(a) == x, scalar_of(b) == y, y != f64(0.0)).then(
@@ -22,6 +22,11 @@ def rules(a: Tensor, b: Tensor, c: Tensor, x: f64, y: f64, r: i64, p: String, n:
     yield rule(Tensor.div(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.div(a, b))).to(r))
     yield rule(Tensor.split_heads(a, n, h), rank_of(a) == r).then(
         set_(rank_of(Tensor.split_heads(a, n, h))).to(r + 1)
+    )
+    yield rule(Tensor.mha(a, b, c, d, x, n), rank_of(a) == r).then(set_(rank_of(Tensor.mha(a, b, c, d, x, n))).to(r))
+    yield rule(Tensor.attend(a, b, c, d, x)).then(set_(rank_of(Tensor.attend(a, b, c, d, x))).to(i64(4)))
+    yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(
+        set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1)
     )
     # Finiteness: what a softmax can never turn into NaN rows.
     yield rule(Tensor.no_bias()).then(finite(Tensor.no_bias()))

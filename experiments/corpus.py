@@ -1,0 +1,215 @@
+"""Export tiny random Hugging Face models to ONNX: the corpus egfuse is measured on.
+
+Models are built from configs (random weights, tiny sizes: nothing is downloaded) and exported with both
+``torch.onnx.export(dynamo=False)`` (TorchScript, opset 17) and ``dynamo=True`` (opset 18). A manifest records
+per model what a perfect fuser would fuse and the feeds to check it with; a failed export is a row with its
+reason, never silently dropped.
+
+    python experiments/corpus.py --out experiments/corpus            # the full corpus
+    python experiments/corpus.py --out tests/data --set tests         # the small models the tests use
+
+Needs the ``corpus`` extra (torch, transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 99, 64
+
+
+@dataclass
+class Spec:
+    name: str
+    build: Callable[[], tuple[object, dict[str, np.ndarray], list[str]]]  # model, example feeds, output names
+    blocks: int  # attention blocks a perfect fuser fuses
+    flavour: list[str]
+    heads: int = HEADS
+    kv_heads: int = HEADS
+    head_dim: int = HIDDEN // HEADS
+    exporters: tuple[str, ...] = ("torchscript", "dynamo")
+
+
+@dataclass
+class Entry:
+    name: str
+    exporter: str
+    file: str | None
+    blocks: int
+    flavour: list[str]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inputs: dict[str, dict] = field(default_factory=dict)
+    error: str | None = None
+    export_seconds: float = 0.0
+
+
+def _ids(batch: int = 2, seq: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, -2:] = 0  # padding in the last sequence
+    return {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64), "attention_mask": mask}
+
+
+def _wrap(model, input_names: list[str], output: str = "last_hidden_state"):
+    import torch
+
+    class Wrapper(torch.nn.Module):
+        """transformers 5 wants keyword arguments; export passes positional ones."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            out = self.model(**dict(zip(input_names, args, strict=True)))
+            return getattr(out, output)
+
+    return Wrapper().eval()
+
+
+def _bert(impl: str):
+    def build():
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         intermediate_size=INTER, max_position_embeddings=64, attn_implementation=impl)
+        feeds = _ids()
+        return _wrap(BertModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _bart_encoder(impl: str):
+    def build():
+        from transformers import BartConfig, BartModel
+
+        cfg = BartConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                         encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=INTER,
+                         decoder_ffn_dim=INTER, max_position_embeddings=64, attn_implementation=impl)
+        feeds = _ids()
+        return _wrap(BartModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _vit(impl: str):
+    def build():
+        from transformers import ViTConfig, ViTModel
+
+        cfg = ViTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        intermediate_size=INTER, image_size=16, patch_size=4, num_channels=3,
+                        attn_implementation=impl)
+        feeds = {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)}
+        return _wrap(ViTModel(cfg, add_pooling_layer=False), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _whisper_encoder(impl: str):
+    def build():
+        from transformers import WhisperConfig, WhisperModel
+
+        cfg = WhisperConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                            encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=INTER,
+                            decoder_ffn_dim=INTER, num_mel_bins=8, max_source_positions=16,
+                            max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                            decoder_start_token_id=1, attn_implementation=impl)
+        feeds = {"input_features": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
+        return _wrap(WhisperModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+SPECS: dict[str, Spec] = {
+    s.name: s
+    for s in [
+        Spec("bert_eager", _bert("eager"), LAYERS, ["mha", "padding mask"]),
+        Spec("bert_sdpa", _bert("sdpa"), LAYERS, ["mha", "padding mask"]),
+        Spec("bart_encoder_eager", _bart_encoder("eager"), LAYERS, ["mha", "padding mask"]),
+        Spec("bart_encoder_sdpa", _bart_encoder("sdpa"), LAYERS, ["mha", "padding mask"]),
+        Spec("vit_eager", _vit("eager"), LAYERS, ["mha"]),
+        Spec("vit_sdpa", _vit("sdpa"), LAYERS, ["mha"]),
+        Spec("whisper_encoder_eager", _whisper_encoder("eager"), LAYERS, ["mha"]),
+        Spec("whisper_encoder_sdpa", _whisper_encoder("sdpa"), LAYERS, ["mha"]),
+    ]
+}
+
+SETS = {
+    "tests": ["bert_eager", "bert_sdpa", "bart_encoder_sdpa", "vit_sdpa", "whisper_encoder_sdpa",
+              "bart_encoder_eager", "vit_eager", "whisper_encoder_eager"],
+    "all": list(SPECS),
+}
+
+
+def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
+    import torch
+
+    entry = Entry(spec.name, exporter, None, spec.blocks, spec.flavour, spec.heads, spec.kv_heads, spec.head_dim)
+    start = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        model, feeds, outputs = spec.build()
+        args = tuple(torch.from_numpy(v) for v in feeds.values())
+        names = list(feeds)
+        path = out_dir / f"{spec.name}.{exporter}.onnx"
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            if exporter == "torchscript":
+                dyn = {n: {0: "batch", 1: "sequence"} for n in names if feeds[n].ndim == 2}
+                torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs,
+                                  dynamic_axes=dyn or None, opset_version=17, dynamo=False)
+            else:
+                batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("sequence", min=2, max=60)
+                # The wrapper takes ``*args``: torch.export sees one tuple-valued input.
+                dyn = (tuple({0: batch, 1: seq} if feeds[n].ndim == 2 else {0: batch} for n in names),)
+                program = torch.onnx.export(model, args, input_names=names, output_names=outputs,
+                                            dynamic_shapes=dyn, opset_version=18, dynamo=True)
+                program.save(str(path))
+        entry.file = path.name
+        entry.inputs = {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in feeds.items()}
+        np.savez(out_dir / f"{spec.name}.{exporter}.feeds.npz", **feeds)
+    except Exception as err:  # recorded, not dropped
+        entry.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+        traceback.print_exc(limit=2, file=sys.stderr)
+    entry.export_seconds = round(time.perf_counter() - start, 2)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("experiments/corpus"))
+    parser.add_argument("--set", choices=list(SETS), default="all")
+    parser.add_argument("--only", nargs="*", help="model names (default: the whole set)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = args.only or SETS[args.set]
+    jobs = [(SPECS[n], e) for n in names for e in SPECS[n].exporters]
+    entries = []
+    for i, (spec, exporter) in enumerate(jobs, 1):
+        print(f"[{i:>3}/{len(jobs)}] {spec.name:<28} {exporter:<12}", end=" ", flush=True)
+        entry = export(spec, exporter, args.out)
+        print("ok" if entry.error is None else f"FAILED: {entry.error}", f"({entry.export_seconds}s)", flush=True)
+        entries.append(entry)
+    manifest = {"hidden": HIDDEN, "heads": HEADS, "layers": LAYERS, "models": [asdict(e) for e in entries]}
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    failed = [e for e in entries if e.error]
+    print(f"{len(entries) - len(failed)}/{len(entries)} exported → {args.out / 'manifest.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
