@@ -128,6 +128,19 @@ class GraphFacts:
     def const(self, value: ir.Value | None) -> np.ndarray | None:
         return None if value is None else self._const.get(value)
 
+    def weight(self, value: ir.Value | None) -> np.ndarray | None:
+        """A constant of any size: an initializer, possibly behind Identity nodes (TorchScript shares equal
+        initializers that way), or a small constant this evaluation computed."""
+        seen = 0
+        while value is not None and seen < 8:
+            if value.const_value is not None and value.producer() is None:
+                return value.const_value.numpy()
+            node = value.producer()
+            if node is None or node.op_type != "Identity":
+                break
+            value, seen = node.inputs[0], seen + 1
+        return self.const(value)
+
     def scalar(self, value: ir.Value | None) -> float | None:
         """The value of a one-element constant of rank ≤ 1 (broadcasts like a scalar onto any operand)."""
         c = self.const(value)

@@ -22,6 +22,7 @@ from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Lik
 __all__ = [
     "PERM_SWAP_LAST2",
     "Tensor",
+    "dim_of",
     "finite",
     "is_weight",
     "perm_string",
@@ -42,8 +43,12 @@ class Tensor(Expr):
         """An ONNX value defined outside the region (or an initializer): emitted as a reference to it."""
 
     @classmethod
-    def zero_like(cls, like: Tensor) -> Tensor:
-        """A scalar 0 of ``like``'s dtype: the neutral bias produced when a select-mask becomes additive."""
+    def full_like(cls, like: Tensor, fill: f64Like) -> Tensor:
+        """A scalar ``fill`` of ``like``'s dtype: the 0 and −inf of a select mask made additive."""
+
+    @classmethod
+    def zero_bias(cls, weight: Tensor) -> Tensor:
+        """Zeros as wide as ``weight``'s output: the bias of a projection written without one."""
 
     @classmethod
     def no_bias(cls) -> Tensor:
@@ -152,6 +157,11 @@ def scalar_of(x: Tensor) -> f64:
 @function(merge=lambda old, new: old)
 def rank_of(x: Tensor) -> i64:
     """The rank of a tensor, where known."""
+
+
+@function(merge=lambda old, new: old)
+def dim_of(x: Tensor, axis: i64Like) -> String:
+    """A dim of a constant (axis counted from the end when negative), where known."""
 
 
 @function

@@ -74,13 +74,13 @@ class Lowerer:
         if not leaf:
             return
         scalar = self.facts.scalar(value)
-        if scalar is not None and not math.isnan(scalar):
+        if scalar is not None and not math.isnan(scalar):  # ±inf are kept: −inf is the usual mask fill
             cmds.append(f"(set ({self.n['scalar_of']} {term}) {_f(scalar)})")
-        const = self.facts.const(value)
-        if value.const_value is not None and value.producer() is None:
+        const = self.facts.weight(value)
+        if const is not None:
             cmds.append(f"({self.n['is_weight']} {term})")
-            if const is None and value.const_value.size <= 1 << 22:
-                const = value.const_value.numpy()
+            for axis in (-1, -2)[: const.ndim]:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
         if const is not None and np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)):
             cmds.append(f"({self.n['finite']} {term})")
 

@@ -81,10 +81,15 @@ class Emitter:
         return value
 
     def constant_array(self, cid: EClass) -> np.ndarray:
+        node = self.choice[cid].node
+        if node.op == "zero_bias":
+            weight = self.constant_array(node.args[0])
+            return np.zeros(weight.shape[-1], weight.dtype)
         value = self.value(cid)
-        if value.const_value is None:
+        array = self.facts.weight(value)
+        if array is None:
             raise ValueError(f"{value.name} is not a constant")
-        return value.const_value.numpy()
+        return array
 
     def leaf_value(self, cid: EClass) -> ir.Value | None:
         for node in self.classes.get(cid, []):
@@ -126,10 +131,13 @@ class Emitter:
         if op in _SIMPLE:
             inputs = [self.value(c) for c in a]
             return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
-        if op == "zero_like":
+        if op == "full_like":
             like = self.value(a[0])
             dtype = like.dtype.numpy() if like.dtype is not None else np.float32
-            return self.const(np.array(0, dtype=dtype), "zero")
+            return self.const(np.array(a[1], dtype=dtype), "fill")
+        if op == "zero_bias":
+            weight = self.constant_array(a[0])
+            return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")
         if op == "cast":
             return self.node("Cast", [self.value(a[0])], {"to": int(a[1])})
         if op == "softmax":

@@ -21,7 +21,7 @@ VOCABULARY = frozenset(
 )
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
-_MAX_BACKWARD_DEPTH = 8
+_MAX_BACKWARD_DEPTH = 12
 
 
 @dataclass

@@ -64,7 +64,7 @@ class Session:
         self._raw.run_program(
             *self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})")
         )
-        for fact in ("scalar_of", "rank_of", "perm_then", "swap_last2", "is_weight", "finite"):
+        for fact in ("scalar_of", "rank_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
             self.names[fact] = egg_name(self.egraph, getattr(lang, fact))
         self._python_name = {egg: py for py, egg in self.names.items()}
         self.add(

@@ -15,7 +15,7 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.div(a, b), scalar_of(a) == x, scalar_of(b) == y, y != f64(0.0)).then(
         set_(scalar_of(Tensor.div(a, b))).to(x / y)
     )
-    yield rule(Tensor.zero_like(a)).then(set_(scalar_of(Tensor.zero_like(a))).to(f64(0.0)))
+    yield rule(Tensor.full_like(a, x)).then(set_(scalar_of(Tensor.full_like(a, x))).to(x))
     # Rank through layout ops that keep it.
     yield rule(Tensor.transpose(a, p), rank_of(a) == r).then(set_(rank_of(Tensor.transpose(a, p))).to(r))
     yield rule(Tensor.mul(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.mul(a, b))).to(r))
@@ -30,7 +30,7 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     )
     # Finiteness: what a softmax can never turn into NaN rows.
     yield rule(Tensor.no_bias()).then(finite(Tensor.no_bias()))
-    yield rule(Tensor.zero_like(a)).then(finite(Tensor.zero_like(a)))
+    yield rule(Tensor.full_like(a, x), x >= f64(-1.7e308), x <= f64(1.7e308)).then(finite(Tensor.full_like(a, x)))
     yield rule(Tensor.where(c, a, b), finite(a), finite(b)).then(finite(Tensor.where(c, a, b)))
     yield rule(Tensor.add(a, b), finite(a), finite(b)).then(finite(Tensor.add(a, b)))
     yield rule(Tensor.mul(a, b), finite(a), finite(b)).then(finite(Tensor.mul(a, b)))

@@ -8,9 +8,9 @@ Scalars and the NaN guard are elementwise, so they move freely through any layou
 
 from __future__ import annotations
 
-from egglog import String, birewrite, f64, rewrite, rule, ruleset, union
+from egglog import String, birewrite, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, perm_then, scalar_of
+from egfuse.lang import Tensor, dim_of, is_weight, perm_then, scalar_of
 
 
 @ruleset
@@ -38,6 +38,11 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     yield rewrite(Tensor.matmul(z, Tensor.mul(x, c))).to(Tensor.mul(Tensor.matmul(z, x), c), scalar_of(c) == f)
     yield rewrite(Tensor.matmul(Tensor.div(x, c), z)).to(Tensor.div(Tensor.matmul(x, z), c), scalar_of(c) == f)
     yield rewrite(Tensor.matmul(z, Tensor.div(x, c))).to(Tensor.div(Tensor.matmul(z, x), c), scalar_of(c) == f)
+    # A per-head bias added after the head split is a flat bias added before it.
+    yield rewrite(Tensor.add(Tensor.split_heads(x, n, h), c)).to(
+        Tensor.split_heads(Tensor.add(x, Tensor.merge_heads(c, n, h)), n, h),
+        is_weight(c), eq(dim_of(c, i64(-2))).to(n), eq(dim_of(c, i64(-1))).to(h),
+    )
     # Elementwise scalars move through layout ops (they broadcast the same way before and after).
     for layout in (
         lambda t: Tensor.transpose(t, p),

@@ -13,6 +13,7 @@ from egglog import f64, rewrite, rule, ruleset, union
 
 from egfuse.lang import Tensor, finite, scalar_of
 
+NEG_INF = float("-inf")
 MASK_FILL_MAX = -1e4
 """A select-mask fill at or below this is 'masked out' (exp underflows to 0 in fp16 and fp32)."""
 
@@ -22,10 +23,10 @@ def rules(q: Tensor, k: Tensor, m: Tensor, x: Tensor, b: Tensor, c: Tensor, d: T
           s: f64, f: f64, g: f64):
     fill = f64(MASK_FILL_MAX)
     yield rewrite(Tensor.softmax(Tensor.where(m, x, c))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.zero_like(c), c))), scalar_of(c) == f, f <= fill
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), c))), scalar_of(c) == f, f <= fill
     )
     yield rewrite(Tensor.softmax(Tensor.where(m, c, x))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.zero_like(c)))), scalar_of(c) == f, f <= fill
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.full_like(c, 0.0)))), scalar_of(c) == f, f <= fill
     )
     # Scaling a select-masked tensor scales both branches (exact, elementwise).
     yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
@@ -40,6 +41,16 @@ def rules(q: Tensor, k: Tensor, m: Tensor, x: Tensor, b: Tensor, c: Tensor, d: T
     )
     yield rewrite(Tensor.div(Tensor.add(Tensor.scores(q, k, s), b), c)).to(
         Tensor.add(Tensor.scores(q, k, s / f), Tensor.div(b, c)), scalar_of(c) == f, f != f64(0.0)
+    )
+    # Masked probabilities zeroed after the softmax (NeMo/Conformer's masked_fill(mask, 0)): with the same mask
+    # filled very negative before the softmax, this is a −inf mask whose fully masked rows are 0 — exactly.
+    yield rule(Tensor.where(m, z, Tensor.softmax(Tensor.where(m, c, x))), scalar_of(z) == f64(0.0),
+               scalar_of(c) == f, f <= fill).then(
+        union(Tensor.where(m, z, Tensor.softmax(Tensor.where(m, c, x)))).with_(
+            Tensor.nan_to_zero(
+                Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, NEG_INF), Tensor.full_like(c, 0.0)))), z
+            )
+        )
     )
     # The NaN guard after softmax.
     yield rule(Tensor.where(Tensor.isnan(p), z, p), scalar_of(z) == f64(0.0)).then(

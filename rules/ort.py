@@ -4,9 +4,9 @@ block on ORT CPU)."""
 
 from __future__ import annotations
 
-from egglog import String, f64, rewrite, ruleset
+from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
-from egfuse.lang import Tensor, is_weight
+from egfuse.lang import Tensor, is_weight, rank_of
 
 
 @ruleset
@@ -14,6 +14,12 @@ def rules(b: Tensor, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, 
           s: f64, n: String):
     def proj(w: Tensor, c: Tensor) -> Tensor:
         return Tensor.add(Tensor.matmul(x, w), c)
+
+    # A projection without a bias has a zero one (Whisper's k_proj), so it packs like the others.
+    yield rewrite(Tensor.matmul(x, wq)).to(
+        Tensor.add(Tensor.matmul(x, wq), Tensor.zero_bias(wq)), is_weight(wq), eq(rank_of(wq)).to(i64(2))
+    )
+    yield rule(Tensor.zero_bias(wq)).then(is_weight(Tensor.zero_bias(wq)))
 
     yield rewrite(Tensor.mha(proj(wq, bq), proj(wk, bk), proj(wv, bv), b, s, n)).to(
         Tensor.packed_attention(x, wq, wk, wv, bq, bk, bv, b, s, n),

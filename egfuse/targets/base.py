@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 # Relative cost of one op: roughly the passes over memory it makes. A MatMul reads and writes the most;
 # views (reshape meanings) are free at run time. Canonical forms (scores, probs) are never emitted.
 PRIMITIVE_COSTS: dict[str, float] = {
-    "value": 0.0, "no_bias": 0.0, "zero_like": 0.1,
+    "value": 0.0, "no_bias": 0.0, "full_like": 0.1, "zero_bias": 0.1,
     "matmul": 10.0, "softmax": 4.0,
     "add": 2.0, "sub": 2.0, "mul": 2.0, "div": 2.0, "where": 2.0, "isnan": 1.0, "sqrt": 1.0, "cast": 1.0,
     "nan_to_zero": 3.0, "transpose": 2.0,
