@@ -131,14 +131,17 @@ class GraphFacts:
     def weight(self, value: ir.Value | None) -> np.ndarray | None:
         """A constant of any size: an initializer, possibly behind Identity nodes (TorchScript shares equal
         initializers that way), or a small constant this evaluation computed."""
-        seen = 0
-        while value is not None and seen < 8:
-            if value.const_value is not None and value.producer() is None:
-                return value.const_value.numpy()
-            node = value.producer()
-            if node is None or node.op_type != "Identity":
-                break
-            value, seen = node.inputs[0], seen + 1
+        if value is None:
+            return None
+        if value.const_value is not None and value.producer() is None:
+            return value.const_value.numpy()
+        node = value.producer()
+        if node is not None and node.op_type in ("Identity", "Transpose") and node.domain in ("", "ai.onnx"):
+            source = self.weight(node.inputs[0])
+            if source is None or node.op_type == "Identity":
+                return source
+            perm = _attr(node, "perm")
+            return np.transpose(source, perm)  # a weight stored transposed (Linear's W, dynamo exports)
         return self.const(value)
 
     def scalar(self, value: ir.Value | None) -> float | None:
@@ -211,13 +214,16 @@ class GraphFacts:
     def _visit_symbolic(self, node: ir.Node, op: str, out: ir.Value) -> None:
         """Shape vectors with symbolic entries, and shapes of the layout ops shape inference missed."""
         x = node.inputs[0] if node.inputs else None
+        if op == "CastLike" and self.const(x) is not None and node.inputs[1].dtype is not None:
+            self._set_const(out, self.const(x).astype(node.inputs[1].dtype.numpy()))
+            return
         if op == "Shape":
             shape = self.shape(x)
             if shape is not None:
                 start = _attr(node, "start", 0)
                 end = _attr(node, "end", None)
                 self._set_elems(out, tuple(shape[start:end]))
-        elif op in ("Identity", "Cast", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
+        elif op in ("Identity", "Cast", "CastLike", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
             self._set_elems(out, self.elems(x))
         elif op == "Concat" and all(self.elems(v) is not None for v in node.inputs):
             self._set_elems(out, tuple(d for v in node.inputs for d in self.elems(v)))

@@ -87,9 +87,14 @@ class Lowerer:
     def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
         if value is None:
             return None
-        if value in inside and self.facts.const(value) is None:
+        if value in inside and self.facts.const(value) is None and not self._is_stored_weight(value):
             return self._call("ref", str(self.table.id_of(value)))
         return self._leaf(value)
+
+    def _is_stored_weight(self, value: ir.Value) -> bool:
+        """A weight behind Identity/Transpose: a leaf, so projections see it as the constant it is."""
+        node = value.producer()
+        return node is not None and node.op_type in ("Identity", "Transpose") and self.facts.weight(value) is not None
 
     # --- regions ---------------------------------------------------------------------------------------------
     def lower(self, region: Region) -> None:

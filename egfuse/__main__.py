@@ -1,0 +1,5 @@
+import sys
+
+from egfuse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,84 @@
+"""The ``egfuse`` command: ``egfuse optimize IN.onnx -o OUT.onnx`` and ``egfuse demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+from egfuse.api import fuse
+from egfuse.errors import EgfuseError
+from egfuse.targets import TARGETS
+
+DEMO_MODEL = "tiny_bert.onnx"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="egfuse", description="Fuse attention in ONNX models by equality saturation, proven on onnxruntime."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    targets = ", ".join(f"{name} ({cls.description})" for name, cls in TARGETS.items())
+
+    opt = sub.add_parser("optimize", help="fuse the attention blocks of a model")
+    opt.add_argument("input", type=Path, help="the .onnx model to fuse")
+    opt.add_argument("-o", "--output", type=Path, required=True, help="where to write the fused model")
+    opt.add_argument("--target", choices=list(TARGETS), default="ort", help=f"hardware target: {targets}")
+    opt.add_argument("--report", type=Path, help="also write the report as JSON here")
+    opt.add_argument("--no-validate", action="store_true", help="skip the onnxruntime check (not recommended)")
+    opt.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+
+    demo = sub.add_parser("demo", help="fuse the tiny BERT bundled with egfuse and print the report")
+    demo.add_argument("--target", choices=list(TARGETS), default="ort")
+    demo.add_argument("-o", "--output", type=Path, help="also write the fused demo model here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        return _optimize(args)
+    except EgfuseError as err:
+        print(f"egfuse: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("egfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    if args.output.resolve() == args.input.resolve():
+        raise EgfuseError("refusing to overwrite the input model; choose another -o", path=str(args.output))
+    result = fuse(args.input, target=args.target, validate=not args.no_validate)
+    result.save(args.output)
+    if args.report:
+        _write_text(args.report, result.report.to_json() + "\n")
+    if not args.quiet:
+        print(result.report)
+        print(f"wrote {args.output}" + (f" and {args.report}" if args.report else ""))
+    return 0 if result.report.validated is not False else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    model = resources.files("egfuse") / "data" / DEMO_MODEL
+    with resources.as_file(model) as path:
+        result = fuse(path, target=args.target)
+    result.report.source = f"bundled demo model ({DEMO_MODEL}: tiny random BERT, 2 layers, dynamo export)"
+    print(result.report)
+    if args.output:
+        result.save(args.output)
+        print(f"wrote {args.output}")
+    return 0 if result.report.validated else 1
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
