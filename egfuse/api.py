@@ -61,7 +61,7 @@ class FuseResult:
 def fuse(
     model: ModelLike,
     target: str = "ort",
-    validate: bool = True,  # noqa: FBT001, FBT002
+    validate: bool = True,
     *,
     feeds: dict | None = None,
     budgets: Budgets | None = None,
@@ -209,7 +209,10 @@ def _fuse_once(
     any_fused = False
     for region in regions:
         entry = RegionReport(
-            region.index, region.name, "not fused", output=region.main_output.name,
+            region.index,
+            region.name,
+            "not fused",
+            output=region.main_output.name,
             variants=diagnose.variants(region, facts),
         )
         report.regions.append(entry)
@@ -223,7 +226,14 @@ def _fuse_once(
             entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
             continue
         emitter = Emitter(
-            graph, facts, lowerer.table, classes, fact_tables["rank_of"], choice, target, f"egfuse/r{region.index}"
+            graph,
+            facts,
+            lowerer.table,
+            classes,
+            fact_tables["rank_of"],
+            choice,
+            target,
+            f"egfuse/r{region.index}",
         )
         replacements = [(out, emitter.value(class_of[out])) for out in region.outputs if out in class_of]
         anchor = region.nodes[-1]
@@ -232,7 +242,11 @@ def _fuse_once(
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
         entry.fused_into = _op_label(target, fused_ops[0])
-        if fused_ops[0].op in ("attend", "mha") and target_name == "onnx" and not _finite_bias(fused_ops[0], fact_tables):
+        if (
+            fused_ops[0].op in ("attend", "mha")
+            and target_name == "onnx"
+            and not _finite_bias(fused_ops[0], fact_tables)
+        ):
             entry.notes.append("rows whose mask is entirely -inf give 0 (the original gives NaN)")
         any_fused = True
 
@@ -298,14 +312,18 @@ def _validate(
             cmp = validate.compare(name, expected[name], actual[name])
             r.max_abs_diff = cmp.max_abs_diff
             if not cmp.ok:
-                failing[r.index] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
+                failing[r.index] = (
+                    f"outputs differ from the original by {cmp.max_abs_diff:.3g}",
+                    cmp.max_abs_diff,
+                )
     outputs = [o.name for o in original.graph.output]
     cmps = [validate.compare(n, expected[n], actual[n]) for n in outputs if n in actual]
     report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
     report.validated = all(c.ok for c in cmps) and not failing
     if not report.validated and not failing:  # outputs off but no region singled out: roll back all
-        failing = {r.index: (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff)
-                   for r in fused_regions}
+        failing = {
+            r.index: (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff) for r in fused_regions
+        }
     return failing
 
 
@@ -324,7 +342,10 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_data: bool | None
     try:
         to_save = copy.copy(model) if not external_data else model
         onnx.save_model(
-            to_save, tmp, save_as_external_data=external_data, all_tensors_to_one_file=True,
+            to_save,
+            tmp,
+            save_as_external_data=external_data,
+            all_tensors_to_one_file=True,
             location=f"{path.name}.data" if external_data else None,
         )
         os.replace(tmp, path)

@@ -16,7 +16,8 @@ DEMO_MODEL = "tiny_bert.onnx"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="egfuse", description="Fuse attention in ONNX models by equality saturation, proven on onnxruntime."
+        prog="egfuse",
+        description="Fuse attention in ONNX models by equality saturation, proven on onnxruntime.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     targets = ", ".join(f"{name} ({cls.description})" for name, cls in TARGETS.items())

@@ -80,7 +80,7 @@ def reshape_result(in_shape: Shape | None, spec: tuple[Dim | int | None, ...], a
     minus_one_at = None
     for i, d in enumerate(spec):
         if isinstance(d, Dim) and not d.syms and d.coef in (0, -1):
-            d = d.coef  # noqa: PLW2901 — a literal 0 (copy) or -1 (infer) that came through symbolic elements
+            d = d.coef
         if isinstance(d, int) and d == 0 and not allowzero:
             out.append(in_shape[i] if in_shape is not None and i < len(in_shape) else None)
         elif isinstance(d, int) and d == -1:

@@ -71,9 +71,7 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Where": lambda n, x: np.where(x[0], x[1], x[2]),
     "Concat": lambda n, x: np.concatenate(x, axis=_attr(n, "axis", 0)),
     "Gather": lambda n, x: np.take(x[0], x[1], axis=_attr(n, "axis", 0)),
-    "Unsqueeze": lambda n, x: np.reshape(
-        x[0], _unsqueezed(x[0].shape, x[1] if len(x) > 1 else _attr(n, "axes"))
-    ),
+    "Unsqueeze": lambda n, x: np.reshape(x[0], _unsqueezed(x[0].shape, x[1] if len(x) > 1 else _attr(n, "axes"))),
     "Squeeze": lambda n, x: np.squeeze(
         x[0], axis=tuple(int(a) for a in (x[1] if len(x) > 1 else _attr(n, "axes", ()))) or None
     ),
@@ -242,7 +240,8 @@ class GraphFacts:
             if len(a) == len(b):
                 combine = (lambda p, q: p * q) if op == "Mul" else (lambda p, q: p.div(q))
                 self._set_elems(
-                    out, tuple(None if p is None or q is None else combine(p, q) for p, q in zip(a, b, strict=True))
+                    out,
+                    tuple(None if p is None or q is None else combine(p, q) for p, q in zip(a, b, strict=True)),
                 )
         self._infer_shape(node, op, out)
 

@@ -72,9 +72,7 @@ def _check(loaded: LoadedModel) -> None:
     if opset == 0:
         raise EgfuseError("the model imports no default-domain (ai.onnx) opset", path=loaded.source)
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise EgfuseError(
-            f"unsupported opset {opset} (supported: {MIN_OPSET}..{MAX_OPSET})", path=loaded.source
-        )
+        raise EgfuseError(f"unsupported opset {opset} (supported: {MIN_OPSET}..{MAX_OPSET})", path=loaded.source)
     names: set[str] = set()
     for i, node in enumerate(loaded.proto.graph.node):
         if not node.op_type:

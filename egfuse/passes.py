@@ -1,8 +1,8 @@
 """egfuse as an onnx-ir pass, so it composes with ``ir.passes.Sequential`` like any other pass.
 
-    import onnx_ir as ir, egfuse.passes
-    model = ir.load("model.onnx")
-    result = ir.passes.Sequential(egfuse.passes.FuseAttentionPass(target="ort"))(model)
+import onnx_ir as ir, egfuse.passes
+model = ir.load("model.onnx")
+result = ir.passes.Sequential(egfuse.passes.FuseAttentionPass(target="ort"))(model)
 """
 
 from __future__ import annotations

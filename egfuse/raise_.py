@@ -124,7 +124,7 @@ class Emitter:
             self.memo[cid] = self._emit(self.choice[cid].node)
         return self.memo[cid]
 
-    def _emit(self, n: ENode) -> ir.Value:  # noqa: PLR0911
+    def _emit(self, n: ENode) -> ir.Value:
         op, a = n.op, n.args
         if op == "value":
             return self.lowered.values[a[0]]

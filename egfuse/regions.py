@@ -17,7 +17,20 @@ from egfuse.facts import GraphFacts
 
 # Ops the rules reason about. A value produced by any other op enters the region as an opaque leaf.
 VOCABULARY = frozenset(
-    {"MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax"}
+    {
+        "MatMul",
+        "Transpose",
+        "Reshape",
+        "Mul",
+        "Div",
+        "Add",
+        "Sub",
+        "Where",
+        "IsNaN",
+        "Cast",
+        "Sqrt",
+        "Softmax",
+    }
 )
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})

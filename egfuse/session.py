@@ -61,9 +61,7 @@ class Session:
         constructors = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
         self.names: dict[str, str] = {name: egg_name(self.egraph, fn) for name, fn in constructors.items()}
         self.names["ref"] = "egfuse_ref"
-        self._raw.run_program(
-            *self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})")
-        )
+        self._raw.run_program(*self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})"))
         for fact in ("scalar_of", "rank_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
             self.names[fact] = egg_name(self.egraph, getattr(lang, fact))
         self._python_name = {egg: py for py, egg in self.names.items()}
@@ -86,9 +84,7 @@ class Session:
         return sum(n for _, n in self.egraph.all_function_sizes())
 
     # --- saturation ------------------------------------------------------------------------------------------
-    def run(
-        self, ruleset: egglog.Ruleset, *, max_iterations: int, max_enodes: int, max_seconds: float
-    ) -> RunStats:
+    def run(self, ruleset: egglog.Ruleset, *, max_iterations: int, max_enodes: int, max_seconds: float) -> RunStats:
         """Run one iteration at a time: egglog's ``run`` has no node or time budget of its own."""
         stats = RunStats(enodes_before=self.size())
         start = time.perf_counter()
@@ -116,7 +112,12 @@ class Session:
         """E-classes of Tensor (id → e-nodes) and the fact tables (name → {e-class id: value})."""
         frozen = self._raw.freeze()
         classes: dict[EClass, list[ENode]] = {}
-        facts: dict[str, dict[EClass, object]] = {"scalar_of": {}, "rank_of": {}, "is_weight": {}, "finite": {}}
+        facts: dict[str, dict[EClass, object]] = {
+            "scalar_of": {},
+            "rank_of": {},
+            "is_weight": {},
+            "finite": {},
+        }
         ids: dict[bindings.Value, int] = {}
 
         def cid(value: bindings.Value) -> EClass:

@@ -66,7 +66,7 @@ class _Builder:
         return self.op(op, [b, a] if self.v.commuted else [a, b])
 
 
-def attention_model(v: Variant = Variant()) -> onnx.ModelProto:  # noqa: B008, C901, PLR0912, PLR0915
+def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     b = _Builder(v)
     hidden, heads, hd = v.hidden, v.heads, v.head_dim
     scale = 1.0 / np.sqrt(hd)
@@ -115,8 +115,11 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:  # noqa: B008, C
         kt = mul_scalar(kt, np.sqrt(scale))
     s = b.op("MatMul", [q, kt])
 
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden] if v.symbolic else
-                                           [2, 5, hidden])]
+    inputs = [
+        helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, ["batch", "seq", hidden] if v.symbolic else [2, 5, hidden]
+        )
+    ]
     dims = ["batch", 1, 1, "seq"] if v.symbolic else [2, 1, 1, 5]
     mask = None
     if v.mask.startswith("additive"):
@@ -173,8 +176,10 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for inp in model.graph.input:
-        dims = [d.dim_value if d.HasField("dim_value") else {"batch": batch, "seq": seq}[d.dim_param]
-                for d in inp.type.tensor_type.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") else {"batch": batch, "seq": seq}[d.dim_param]
+            for d in inp.type.tensor_type.shape.dim
+        ]
         if inp.type.tensor_type.elem_type == TensorProto.BOOL:
             m = np.ones(dims, bool)
             m[-1, ..., -1] = False

@@ -116,7 +116,9 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return extra
 
 
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+def run(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str] | None = None
+) -> dict[str, np.ndarray]:
     probe = with_outputs(model, outputs) if outputs else model
     sess = session(probe)
     names = [o.name for o in sess.get_outputs()]

@@ -85,8 +85,15 @@ def _bert(impl: str):
     def build():
         from transformers import BertConfig, BertModel
 
-        cfg = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                         intermediate_size=INTER, max_position_embeddings=64, attn_implementation=impl)
+        cfg = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTER,
+            max_position_embeddings=64,
+            attn_implementation=impl,
+        )
         feeds = _ids()
         return _wrap(BertModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
 
@@ -97,9 +104,18 @@ def _bart_encoder(impl: str):
     def build():
         from transformers import BartConfig, BartModel
 
-        cfg = BartConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
-                         encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=INTER,
-                         decoder_ffn_dim=INTER, max_position_embeddings=64, attn_implementation=impl)
+        cfg = BartConfig(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            decoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTER,
+            decoder_ffn_dim=INTER,
+            max_position_embeddings=64,
+            attn_implementation=impl,
+        )
         feeds = _ids()
         return _wrap(BartModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
 
@@ -110,9 +126,16 @@ def _vit(impl: str):
     def build():
         from transformers import ViTConfig, ViTModel
 
-        cfg = ViTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                        intermediate_size=INTER, image_size=16, patch_size=4, num_channels=3,
-                        attn_implementation=impl)
+        cfg = ViTConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTER,
+            image_size=16,
+            patch_size=4,
+            num_channels=3,
+            attn_implementation=impl,
+        )
         feeds = {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)}
         return _wrap(ViTModel(cfg, add_pooling_layer=False), list(feeds)), feeds, ["last_hidden_state"]
 
@@ -123,11 +146,24 @@ def _whisper_encoder(impl: str):
     def build():
         from transformers import WhisperConfig, WhisperModel
 
-        cfg = WhisperConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
-                            encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=INTER,
-                            decoder_ffn_dim=INTER, num_mel_bins=8, max_source_positions=16,
-                            max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                            decoder_start_token_id=1, attn_implementation=impl)
+        cfg = WhisperConfig(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            decoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTER,
+            decoder_ffn_dim=INTER,
+            num_mel_bins=8,
+            max_source_positions=16,
+            max_target_positions=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            attn_implementation=impl,
+        )
         feeds = {"input_features": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
         return _wrap(WhisperModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
 
@@ -149,8 +185,16 @@ SPECS: dict[str, Spec] = {
 }
 
 SETS = {
-    "tests": ["bert_eager", "bert_sdpa", "bart_encoder_sdpa", "vit_sdpa", "whisper_encoder_sdpa",
-              "bart_encoder_eager", "vit_eager", "whisper_encoder_eager"],
+    "tests": [
+        "bert_eager",
+        "bert_sdpa",
+        "bart_encoder_sdpa",
+        "vit_sdpa",
+        "whisper_encoder_sdpa",
+        "bart_encoder_eager",
+        "vit_eager",
+        "whisper_encoder_eager",
+    ],
     "all": list(SPECS),
 }
 
@@ -170,14 +214,32 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
             warnings.simplefilter("ignore")
             if exporter == "torchscript":
                 dyn = {n: {0: "batch", 1: "sequence"} for n in names if feeds[n].ndim == 2}
-                torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs,
-                                  dynamic_axes=dyn or None, opset_version=17, dynamo=False)
+                torch.onnx.export(
+                    model,
+                    args,
+                    str(path),
+                    input_names=names,
+                    output_names=outputs,
+                    dynamic_axes=dyn or None,
+                    opset_version=17,
+                    dynamo=False,
+                )
             else:
-                batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("sequence", min=2, max=60)
+                batch, seq = (
+                    torch.export.Dim("batch", min=1, max=64),
+                    torch.export.Dim("sequence", min=2, max=60),
+                )
                 # The wrapper takes ``*args``: torch.export sees one tuple-valued input.
                 dyn = (tuple({0: batch, 1: seq} if feeds[n].ndim == 2 else {0: batch} for n in names),)
-                program = torch.onnx.export(model, args, input_names=names, output_names=outputs,
-                                            dynamic_shapes=dyn, opset_version=18, dynamo=True)
+                program = torch.onnx.export(
+                    model,
+                    args,
+                    input_names=names,
+                    output_names=outputs,
+                    dynamic_shapes=dyn,
+                    opset_version=18,
+                    dynamo=True,
+                )
                 program.save(str(path))
         entry.file = path.name
         entry.inputs = {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in feeds.items()}
@@ -202,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     for i, (spec, exporter) in enumerate(jobs, 1):
         print(f"[{i:>3}/{len(jobs)}] {spec.name:<28} {exporter:<12}", end=" ", flush=True)
         entry = export(spec, exporter, args.out)
-        print("ok" if entry.error is None else f"FAILED: {entry.error}", f"({entry.export_seconds}s)", flush=True)
+        print(
+            "ok" if entry.error is None else f"FAILED: {entry.error}",
+            f"({entry.export_seconds}s)",
+            flush=True,
+        )
         entries.append(entry)
     manifest = {"hidden": HIDDEN, "heads": HEADS, "layers": LAYERS, "models": [asdict(e) for e in entries]}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

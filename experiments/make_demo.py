@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import corpus  # noqa: E402
+import corpus
 
 OUT = Path(__file__).parent.parent / "egfuse" / "data" / "tiny_bert.onnx"
 

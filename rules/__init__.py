@@ -11,9 +11,8 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 
 from __future__ import annotations
 
-from egglog import Ruleset
-
 from egfuse.rules import attention, commute, facts, layout, masks, ort, scale
+from egglog import Ruleset
 
 CORE: Ruleset = facts.rules | commute.rules | layout.rules | scale.rules | masks.rules | attention.rules
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""

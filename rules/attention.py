@@ -16,8 +16,18 @@ def heads_first(x: Tensor, n: String, h: String) -> Tensor:
 
 
 @ruleset
-def rules(q: Tensor, k: Tensor, v: Tensor, b: Tensor, z: Tensor, s: f64, n: String, h: String, hk: String,
-          hv: String):
+def rules(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    b: Tensor,
+    z: Tensor,
+    s: f64,
+    n: String,
+    h: String,
+    hk: String,
+    hv: String,
+):
     yield rewrite(Tensor.softmax(Tensor.scores(q, k, s))).to(Tensor.probs(q, k, Tensor.no_bias(), s))
     yield rewrite(Tensor.softmax(Tensor.add(Tensor.scores(q, k, s), b))).to(Tensor.probs(q, k, b, s))
     yield rewrite(Tensor.matmul(Tensor.probs(q, k, b, s), v)).to(

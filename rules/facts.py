@@ -20,14 +20,10 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.transpose(a, p), rank_of(a) == r).then(set_(rank_of(Tensor.transpose(a, p))).to(r))
     yield rule(Tensor.mul(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.mul(a, b))).to(r))
     yield rule(Tensor.div(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.div(a, b))).to(r))
-    yield rule(Tensor.split_heads(a, n, h), rank_of(a) == r).then(
-        set_(rank_of(Tensor.split_heads(a, n, h))).to(r + 1)
-    )
+    yield rule(Tensor.split_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.split_heads(a, n, h))).to(r + 1))
     yield rule(Tensor.mha(a, b, c, d, x, n), rank_of(a) == r).then(set_(rank_of(Tensor.mha(a, b, c, d, x, n))).to(r))
     yield rule(Tensor.attend(a, b, c, d, x)).then(set_(rank_of(Tensor.attend(a, b, c, d, x))).to(i64(4)))
-    yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(
-        set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1)
-    )
+    yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1))
     # Finiteness: what a softmax can never turn into NaN rows.
     yield rule(Tensor.no_bias()).then(finite(Tensor.no_bias()))
     yield rule(Tensor.full_like(a, x), x >= f64(-1.7e308), x <= f64(1.7e308)).then(finite(Tensor.full_like(a, x)))

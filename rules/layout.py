@@ -41,7 +41,9 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     # A per-head bias added after the head split is a flat bias added before it.
     yield rewrite(Tensor.add(Tensor.split_heads(x, n, h), c)).to(
         Tensor.split_heads(Tensor.add(x, Tensor.merge_heads(c, n, h)), n, h),
-        is_weight(c), eq(dim_of(c, i64(-2))).to(n), eq(dim_of(c, i64(-1))).to(h),
+        is_weight(c),
+        eq(dim_of(c, i64(-2))).to(n),
+        eq(dim_of(c, i64(-1))).to(h),
     )
     # Elementwise scalars move through layout ops (they broadcast the same way before and after).
     for layout in (

@@ -19,21 +19,40 @@ MASK_FILL_MAX = -1e4
 
 
 @ruleset
-def rules(q: Tensor, k: Tensor, m: Tensor, x: Tensor, b: Tensor, c: Tensor, d: Tensor, z: Tensor, p: Tensor,
-          s: f64, f: f64, g: f64):
+def rules(
+    q: Tensor,
+    k: Tensor,
+    m: Tensor,
+    x: Tensor,
+    b: Tensor,
+    c: Tensor,
+    d: Tensor,
+    z: Tensor,
+    p: Tensor,
+    s: f64,
+    f: f64,
+    g: f64,
+):
     fill = f64(MASK_FILL_MAX)
     yield rewrite(Tensor.softmax(Tensor.where(m, x, c))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), c))), scalar_of(c) == f, f <= fill
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), c))),
+        scalar_of(c) == f,
+        f <= fill,
     )
     yield rewrite(Tensor.softmax(Tensor.where(m, c, x))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.full_like(c, 0.0)))), scalar_of(c) == f, f <= fill
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.full_like(c, 0.0)))),
+        scalar_of(c) == f,
+        f <= fill,
     )
     # Scaling a select-masked tensor scales both branches (exact, elementwise).
     yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
         Tensor.where(m, Tensor.mul(x, d), Tensor.mul(c, d)), scalar_of(c) == f, scalar_of(d) == g
     )
     yield rewrite(Tensor.div(Tensor.where(m, x, c), d)).to(
-        Tensor.where(m, Tensor.div(x, d), Tensor.div(c, d)), scalar_of(c) == f, scalar_of(d) == g, g != f64(0.0)
+        Tensor.where(m, Tensor.div(x, d), Tensor.div(c, d)),
+        scalar_of(c) == f,
+        scalar_of(d) == g,
+        g != f64(0.0),
     )
     # (S + b)·c = S·c + b·c — the mask added before the scale.
     yield rewrite(Tensor.mul(Tensor.add(Tensor.scores(q, k, s), b), c)).to(
@@ -44,11 +63,16 @@ def rules(q: Tensor, k: Tensor, m: Tensor, x: Tensor, b: Tensor, c: Tensor, d: T
     )
     # Masked probabilities zeroed after the softmax (NeMo/Conformer's masked_fill(mask, 0)): with the same mask
     # filled very negative before the softmax, this is a −inf mask whose fully masked rows are 0 — exactly.
-    yield rule(Tensor.where(m, z, Tensor.softmax(Tensor.where(m, c, x))), scalar_of(z) == f64(0.0),
-               scalar_of(c) == f, f <= fill).then(
+    yield rule(
+        Tensor.where(m, z, Tensor.softmax(Tensor.where(m, c, x))),
+        scalar_of(z) == f64(0.0),
+        scalar_of(c) == f,
+        f <= fill,
+    ).then(
         union(Tensor.where(m, z, Tensor.softmax(Tensor.where(m, c, x)))).with_(
             Tensor.nan_to_zero(
-                Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, NEG_INF), Tensor.full_like(c, 0.0)))), z
+                Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, NEG_INF), Tensor.full_like(c, 0.0)))),
+                z,
             )
         )
     )

@@ -10,8 +10,18 @@ from egfuse.lang import Tensor, is_weight, rank_of
 
 
 @ruleset
-def rules(b: Tensor, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, bk: Tensor, bv: Tensor,
-          s: f64, n: String):
+def rules(
+    b: Tensor,
+    x: Tensor,
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    bq: Tensor,
+    bk: Tensor,
+    bv: Tensor,
+    s: f64,
+    n: String,
+):
     def proj(w: Tensor, c: Tensor) -> Tensor:
         return Tensor.add(Tensor.matmul(x, w), c)
 
@@ -23,5 +33,10 @@ def rules(b: Tensor, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, 
 
     yield rewrite(Tensor.mha(proj(wq, bq), proj(wk, bk), proj(wv, bv), b, s, n)).to(
         Tensor.packed_attention(x, wq, wk, wv, bq, bk, bv, b, s, n),
-        is_weight(wq), is_weight(wk), is_weight(wv), is_weight(bq), is_weight(bk), is_weight(bv),
+        is_weight(wq),
+        is_weight(wk),
+        is_weight(wv),
+        is_weight(bq),
+        is_weight(bk),
+        is_weight(bv),
     )

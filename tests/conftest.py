@@ -1,0 +1,52 @@
+"""Shared helpers: every fusion test checks numerics against the unfused model on onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from egfuse import validate
+
+DATA = Path(__file__).parent / "data"
+PEER = Path(__file__).resolve().parents[2] / "shared" / "peer-graphs" / "ort"
+TOLERANCE = 1e-4
+
+
+def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict, atol: float = TOLERANCE):
+    """Run both models on onnxruntime CPU and compare every graph output."""
+    expected = validate.run(original, feeds)
+    actual = validate.run(fused, feeds)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        e, a = expected[name], actual[name]
+        assert e.shape == a.shape, name
+        diff = np.abs(e.astype(np.float64) - a.astype(np.float64))
+        diff = np.where(np.isnan(e) & np.isnan(a), 0.0, diff)
+        assert np.nanmax(diff) <= atol, f"{name}: max abs diff {np.nanmax(diff):.3g} > {atol}"
+        assert not np.isnan(diff).any(), f"{name}: NaN where the original has a number"
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+FUSED_OPS = {"onnx": "Attention", "ort": ("com.microsoft.Attention", "com.microsoft.MultiHeadAttention")}
+
+
+def fused_op_count(model: onnx.ModelProto, target: str) -> int:
+    counts = op_counts(model)
+    names = FUSED_OPS[target]
+    names = (names,) if isinstance(names, str) else names
+    return sum(counts.get(n, 0) for n in names)
+
+
+@pytest.fixture(params=["ort", "onnx"])
+def target(request) -> str:
+    return request.param

@@ -1,0 +1,39 @@
+"""Real exports of tiny random Hugging Face encoders (TorchScript and dynamo, eager and SDPA attention):
+every self-attention block fuses for both targets and the fused model matches the original."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+from egfuse import validate
+
+from .conftest import DATA, assert_same_outputs, fused_op_count
+
+MANIFEST = json.loads((DATA / "manifest.json").read_text())
+MODELS = [m for m in MANIFEST["models"] if m["file"]]
+
+
+def test_manifest_has_no_failed_exports():
+    assert [m["name"] for m in MANIFEST["models"] if m["error"]] == []
+    assert len(MODELS) >= 16
+
+
+@pytest.mark.parametrize("entry", MODELS, ids=[m["file"] for m in MODELS])
+def test_every_block_fuses_and_matches(entry, target):
+    path = DATA / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    report = result.report
+    assert report.fused == entry["blocks"] == len(report.regions), str(report)
+    assert report.validated is True, str(report)
+    assert fused_op_count(result.model, target) == entry["blocks"]
+    onnx.checker.check_model(result.model, full_check=True)
+    original = onnx.load(path)
+    assert_same_outputs(original, result.model, feeds)
+    # A second, independent draw of inputs (other batch/sequence sizes, other padding).
+    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims={"batch": 3, "sequence": 6}))

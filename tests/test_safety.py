@@ -1,0 +1,98 @@
+"""Never change a model's meaning: near-misses stay unfused (or fuse only where outputs still match), and a
+region whose fused form fails validation is put back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import egfuse
+from egfuse.targets.ort import OrtTarget
+from egfuse.testing import Variant, attention_model, feeds_for
+
+from .conftest import assert_same_outputs
+
+BASE = Variant(scale="qk_div", mask="additive")
+
+
+def _node(model: onnx.ModelProto, op: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op)
+
+
+def _fuse_both(model: onnx.ModelProto, **feed_args):
+    feeds = feeds_for(model, **feed_args)
+    for target in ("ort", "onnx"):
+        result = egfuse.fuse(model, target=target, feeds=feeds)
+        assert_same_outputs(model, result.model, feeds)
+        yield result
+
+
+def test_softmax_over_another_axis_is_not_fused():
+    model = attention_model(BASE)
+    softmax = _node(model, "Softmax")
+    del softmax.attribute[:]
+    softmax.attribute.append(helper.make_attribute("axis", 2))
+    for result in _fuse_both(model):
+        assert result.report.fused == 0
+        assert "not over the last axis" in result.report.regions[0].reason
+
+
+def test_mask_multiplied_instead_of_added_is_not_fused():
+    model = attention_model(BASE)
+    add = next(n for n in model.graph.node if n.op_type == "Add" and "mask" in n.input)
+    add.op_type = "Mul"
+    for result in _fuse_both(model):
+        assert result.report.fused == 0
+
+
+def test_scale_that_differs_per_head_is_not_fused():
+    model = attention_model(BASE)
+    div = _node(model, "Div")
+    per_head = onnx.numpy_helper.from_array(np.array([2.0, 3.0], np.float32).reshape(1, 2, 1, 1), "per_head")
+    model.graph.initializer.append(per_head)
+    div.input[1] = "per_head"
+    for result in _fuse_both(model):
+        assert result.report.fused == 0
+
+
+def test_probabilities_also_a_graph_output_stay_exact():
+    model = attention_model(BASE)
+    probs = _node(model, "Softmax").output[0]
+    model.graph.output.append(onnx.ValueInfoProto(name=probs))
+    for result in _fuse_both(model):
+        assert probs in [o.name for o in result.model.graph.output]
+        assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+
+
+def test_value_of_the_wrong_rank_is_not_fused():
+    """softmax(QKᵀ) @ V with V (B, S, N·H) instead of (B, N, S, H): broadcasting, not attention (it runs
+    for batch 1 only)."""
+    model = attention_model(dataclasses.replace(BASE, heads=1))
+    pv = [n for n in model.graph.node if n.op_type == "MatMul"][-1]
+    v_transpose = next(n for n in model.graph.node if n.output[0] == pv.input[1])
+    reshape = next(n for n in model.graph.node if n.output[0] == v_transpose.input[0])
+    projection = reshape.input[0]  # (B, S, N·H), rank 3
+    pv.input[1] = projection
+    for result in _fuse_both(model, batch=1):
+        assert result.report.fused == 0
+
+
+def test_failed_validation_rolls_the_region_back(monkeypatch):
+    real_emit = OrtTarget.emit
+
+    def wrong_scale(self, node, emitter):
+        node = dataclasses.replace(node, args=tuple(a * 1.5 if isinstance(a, float) else a for a in node.args))
+        return real_emit(self, node, emitter)
+
+    monkeypatch.setattr(OrtTarget, "emit", wrong_scale)
+    model = attention_model(BASE)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target="ort", feeds=feeds)
+    region = result.report.regions[0]
+    assert region.status == "rolled back"
+    assert "differ" in region.reason and region.max_abs_diff > 1e-3
+    assert result.report.fused == 0
+    assert_same_outputs(model, result.model, feeds, atol=0.0)
