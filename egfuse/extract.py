@@ -30,26 +30,41 @@ class Choice:
 
 
 def extract(classes: dict[EClass, list[ENode]], model: CostModel) -> dict[EClass, Choice]:
+    """Worklist relaxation: a class is (re)considered only when one of its children got a (better) choice."""
     own = {node: (None if node.op == "ref" else model.cost(node)) for nodes in classes.values() for node in nodes}
+    parents: dict[EClass, set[EClass]] = {}
+    for cid, nodes in classes.items():
+        for node in nodes:
+            for child in node.children:
+                parents.setdefault(child, set()).add(cid)
     best: dict[EClass, Choice] = {}
-    for _ in range(_MAX_PASSES):
-        changed = False
-        for cid, nodes in classes.items():
-            for node in nodes:
-                cost = own[node]
-                kids = node.children
-                if cost is None or any(k not in best for k in kids):
-                    continue
-                reached = frozenset().union(*(best[k].reached for k in kids), kids)
-                if cid in reached:
-                    continue  # a cycle back into this class
-                candidate = Choice(node, cost, cost + sum(best[c].own for c in reached), reached)
-                current = best.get(cid)
-                if current is None or _better(candidate, current):
-                    best[cid] = candidate
-                    changed = True
-        if not changed:
-            break
+    pending = sorted(classes)
+    queued = set(pending)
+    updates = 0
+    limit = _MAX_PASSES * max(1, len(classes))
+    while pending and updates < limit:
+        cid = pending.pop()
+        queued.discard(cid)
+        improved = False
+        for node in classes[cid]:
+            cost = own[node]
+            kids = node.children
+            if cost is None or any(k not in best for k in kids):
+                continue
+            reached = frozenset().union(*(best[k].reached for k in kids), kids)
+            if cid in reached:
+                continue  # a cycle back into this class
+            candidate = Choice(node, cost, cost + sum(best[c].own for c in reached), reached)
+            current = best.get(cid)
+            if current is None or _better(candidate, current):
+                best[cid] = candidate
+                improved = True
+        if improved:
+            updates += 1
+            for parent in sorted(parents.get(cid, ())):
+                if parent not in queued:
+                    queued.add(parent)
+                    pending.append(parent)
     return best
 
 

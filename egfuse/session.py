@@ -16,13 +16,13 @@ from egglog import bindings
 
 from egfuse import lang
 
-_BATCH = 256  # commands per parse: egglog's parser is quadratic in one program's length
+_BATCH = 64  # commands per parse: egglog's parser is quadratic in one program's length
 
 
-def egg_name(egraph: egglog.EGraph, fn: object) -> str:
-    """The egglog-level name of a typed constructor/function, registering it with ``egraph`` if needed."""
-    egraph._add_decls(fn)
-    return egraph._state.callable_ref_to_egg(fn.__egg_ref__)[0]
+def egg_names(egraph: egglog.EGraph, fns: dict[str, object]) -> dict[str, str]:
+    """The egglog-level names of typed constructors/functions, registering them with ``egraph``."""
+    egraph._add_decls(*fns.values())  # once: each call re-merges every declaration
+    return {name: egraph._state.callable_ref_to_egg(fn.__egg_ref__)[0] for name, fn in fns.items()}
 
 
 @dataclass
@@ -46,10 +46,11 @@ class EClass(int):
 class ENode:
     op: str  # the constructor's Python name, e.g. "matmul"
     args: tuple  # EClass for Tensor children, Python values (int, float, str) for primitives
+    children: tuple[EClass, ...] = ()  # the EClass entries of args (kept: extraction reads them often)
 
-    @property
-    def children(self) -> tuple[EClass, ...]:
-        return tuple(a for a in self.args if isinstance(a, EClass))
+    @staticmethod
+    def of(op: str, args: tuple) -> ENode:
+        return ENode(op, args, tuple(a for a in args if isinstance(a, EClass)))
 
 
 class Session:
@@ -58,12 +59,12 @@ class Session:
     def __init__(self) -> None:
         self.egraph = egglog.EGraph()
         self._raw: bindings.EGraph = self.egraph._egraph
-        constructors = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
-        self.names: dict[str, str] = {name: egg_name(self.egraph, fn) for name, fn in constructors.items()}
+        functions = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
+        for fact in ("scalar_of", "rank_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
+            functions[fact] = getattr(lang, fact)
+        self.names: dict[str, str] = egg_names(self.egraph, functions)
         self.names["ref"] = "egfuse_ref"
         self._raw.run_program(*self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})"))
-        for fact in ("scalar_of", "rank_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
-            self.names[fact] = egg_name(self.egraph, getattr(lang, fact))
         self._python_name = {egg: py for py, egg in self.names.items()}
         self.add(
             [f'(set ({self.names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
@@ -89,8 +90,12 @@ class Session:
         stats = RunStats(enodes_before=self.size())
         start = time.perf_counter()
         stats.stop_reason = "iteration budget"
+        schedule = egglog.run(ruleset)
+        self.egraph._add_decls(schedule)  # registers the rules once …
+        command = self.egraph._state.run_schedule_to_egg(schedule.schedule)  # … then one iteration is one command
         for _ in range(max_iterations):
-            report = self.egraph.run(1, ruleset=ruleset)
+            (output,) = self._raw.run_program(command)
+            report = output.report
             stats.iterations += 1
             stats.matches += sum(report.num_matches_per_rule.values())
             if not report.updated:
@@ -145,5 +150,5 @@ class Session:
                     cid(v) if sort == tensor_sort else convert[sort](v)
                     for v, sort in zip(row.inputs, fn.input_sorts, strict=True)
                 )
-                classes.setdefault(cid(row.output), []).append(ENode(py, args))
+                classes.setdefault(cid(row.output), []).append(ENode.of(py, args))
         return classes, facts

@@ -1,0 +1,81 @@
+"""Run one optimizer on one model in this process and print one JSON line: seconds, peak memory, fused ops.
+
+Used by the benchmarks and the comparison so that every (model, tool) runs in its own process: a crash or a
+hang is a row with its reason, not the end of the run, and peak RSS belongs to that tool alone.
+
+    python experiments/optimize_worker.py TOOL MODEL.onnx [--heads N --hidden D --model-type bert] [--out F]
+
+TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, onnxscript, ort
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+import traceback
+
+
+def fused_counts(model) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    nodes = model.graph.node if hasattr(model.graph, "node") else list(model.graph)
+    for node in nodes:
+        if "Attention" in node.op_type:
+            key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str | None):
+    start = time.perf_counter()
+    if tool.startswith("egfuse"):
+        import egfuse
+
+        parts = tool.split(":")
+        result = egfuse.fuse(path, target=parts[1], validate="novalidate" not in parts)
+        model = result.model
+    elif tool == "onnxscript":
+        import onnx_ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        model, _ = optimize_for_ort(ir.load(path))
+        model = ir.serde.serialize_model(model)
+    elif tool == "ort":
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        model = optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden).model
+    else:
+        raise SystemExit(f"unknown tool {tool}")
+    seconds = time.perf_counter() - start
+    if out:
+        import onnx
+
+        onnx.save(model, out)
+    return seconds, fused_counts(model)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("tool")
+    parser.add_argument("model")
+    parser.add_argument("--heads", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=0)
+    parser.add_argument("--model-type", default="bert")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    record: dict = {"tool": args.tool, "model": args.model}
+    try:
+        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, args.out)
+        record.update(ok=True, seconds=seconds, fused=fused)
+    except BaseException as err:  # a crash is a result here
+        record.update(ok=False, error=f"{type(err).__name__}: {str(err).strip()[:300]}")
+        traceback.print_exc(file=sys.stderr)
+    record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
