@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom", "none")
 K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
 MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
-         "where_reversed")  # fmt: skip
+         "where_reversed", "padding_int")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,11 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     elif v.mask.startswith("where"):
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, dims))
         mask = "mask"
+    elif v.mask == "padding_int":  # HF eager: (1 - mask[:, None, None, :].float()) * finfo.min
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [dims[0], dims[3]]))
+        expanded = b.op("Unsqueeze", ["attention_mask", b.const(np.array([1, 2], np.int64), "axes")])
+        inverted = b.op("Sub", [b.const(np.array(1.0, np.float32), "one"), b.op("Cast", [expanded], to=1)])
+        mask = b.comm("Mul", inverted, b.const(np.array(np.finfo(np.float32).min, np.float32), "min"))
 
     def apply_scale(t: str) -> str:
         if v.scale == "qk_mul":
@@ -147,7 +152,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         s = apply_scale(b.comm("Add", s, mask))
     else:
         s = apply_scale(s)
-        if v.mask == "additive":
+        if v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
             s = b.op("Add", [mask, s])
@@ -180,7 +185,11 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
             d.dim_value if d.HasField("dim_value") else {"batch": batch, "seq": seq}[d.dim_param]
             for d in inp.type.tensor_type.shape.dim
         ]
-        if inp.type.tensor_type.elem_type == TensorProto.BOOL:
+        if inp.type.tensor_type.elem_type == TensorProto.INT64:  # 1 = attend, 0 = padding
+            m = np.ones(dims, np.int64)
+            m[-1, -1] = 0
+            feeds[inp.name] = m
+        elif inp.type.tensor_type.elem_type == TensorProto.BOOL:
             m = np.ones(dims, bool)
             m[-1, ..., -1] = False
             feeds[inp.name] = m
@@ -206,7 +215,7 @@ def variants():  # pragma: no cover - exercised by the property tests
         commuted=st.booleans(),
         proj_bias=st.booleans(),
         heads=st.sampled_from([1, 2, 4]),
-        head_dim=st.sampled_from([8, 16, 32, 64]),
+        head_dim=st.sampled_from([8, 16, 32, 64, 128]),
         symbolic=st.booleans(),
         seed=st.integers(0, 2**16),
     )

@@ -1,0 +1,180 @@
+"""Optimizer speed and memory, side by side in one run: egfuse vs onnxscript vs onnxruntime's optimizer.
+
+Tiny random BERTs (hidden 64, 4 heads, SDPA attention, dynamo export) at several depths; every
+(model, tool) runs in its own process (``optimize_worker.py``), repetitions are interleaved (tool A, tool B,
+… then again) and medians are reported with ratios, since absolute seconds on a shared machine are noise.
+The time is the optimizer's own, from the model file to the optimized model in memory (imports excluded:
+they are the same constant for every run of a tool); peak RSS is the worker's.
+
+    python experiments/bench_speed.py                 # 2/12/24/48 layers, 3 repetitions
+    python experiments/bench_speed.py --layers 2 12 --reps 1     # quick look
+
+Writes experiments/results/optimize_speed.json, speed.md, optimize_seconds.png (with matplotlib) and the
+``optimize_seconds_ratio_vs_onnxscript`` entry of summary.json. Needs the ``corpus`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+MODELS = HERE / "corpus" / "bench"
+TOOLS = ["egfuse:ort:novalidate", "egfuse:ort", "egfuse:onnx:novalidate", "onnxscript", "ort"]
+HIDDEN, HEADS = 64, 4
+
+
+def export_bert(layers: int) -> Path:
+    path = MODELS / f"bert_{layers}l.dynamo.onnx"
+    if path.exists():
+        return path
+    sys.path.insert(0, str(HERE))
+    import corpus
+
+    corpus.HIDDEN, corpus.LAYERS = HIDDEN, layers
+    spec = corpus.Spec(f"bert_{layers}l", corpus._bert("sdpa"), layers, ["mha"])
+    MODELS.mkdir(parents=True, exist_ok=True)
+    entry = corpus.export(spec, "dynamo", MODELS)
+    if entry.error:
+        raise SystemExit(f"export of {layers}-layer BERT failed: {entry.error}")
+    return path
+
+
+def run_tool(tool: str, model: Path, timeout: float) -> dict:
+    cmd = [sys.executable, str(HERE / "optimize_worker.py"), tool, str(model), "--heads", str(HEADS),
+           "--hidden", str(HIDDEN)]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"tool": tool, "ok": False, "error": f"timeout after {timeout:.0f}s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"tool": tool, "ok": False, "error": f"crashed (exit {proc.returncode}): {proc.stderr[-300:]}"}
+    return json.loads(lines[-1])
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    for pkg in ("egfuse", "egglog", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "torch", "transformers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def update_summary(key: str, value) -> None:
+    path = RESULTS / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary[key] = value
+    summary.setdefault("versions", versions())
+    path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 12, 24, 48])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tools", nargs="+", default=TOOLS)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    models = {layers: export_bert(layers) for layers in args.layers}
+    runs: dict[str, dict[int, list[dict]]] = {t: {layers: [] for layers in args.layers} for t in args.tools}
+    total = args.reps * len(args.layers) * len(args.tools)
+    done = 0
+    for rep in range(args.reps):
+        for layers in args.layers:
+            for tool in args.tools:  # interleaved: each tool sees the same machine state on average
+                record = run_tool(tool, models[layers], args.timeout)
+                runs[tool][layers].append(record)
+                done += 1
+                status = f"{record['seconds']:.2f}s" if record.get("ok") else record.get("error", "?")[:60]
+                print(f"[{done:>3}/{total}] rep {rep + 1} {layers:>3} layers {tool:<24} {status}", flush=True)
+
+    table: dict[str, dict[int, dict]] = {}
+    for tool, by_layers in runs.items():
+        table[tool] = {}
+        for layers, records in by_layers.items():
+            ok = [r for r in records if r.get("ok")]
+            table[tool][layers] = {
+                "median_seconds": statistics.median(r["seconds"] for r in ok) if ok else None,
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
+                "fused": ok[0]["fused"] if ok else None,
+                "errors": [r["error"] for r in records if not r.get("ok")],
+            }
+    deepest = max(args.layers)
+    base = table.get("egfuse:ort:novalidate", {}).get(deepest, {}).get("median_seconds")
+    ratios = {}
+    for tool in args.tools:
+        t = table[tool][deepest]["median_seconds"]
+        if base and t:
+            ratios[tool] = t / base
+    result = {"layers": args.layers, "reps": args.reps, "model": f"tiny BERT, hidden {HIDDEN}, {HEADS} heads, SDPA, "
+              "dynamo export", "table": table, "seconds_ratio_vs_egfuse_at_deepest": ratios, "versions": versions()}
+    (RESULTS / "optimize_speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    onnxscript = table.get("onnxscript", {}).get(deepest, {}).get("median_seconds")
+    if base and onnxscript:
+        update_summary("optimize_seconds_ratio_vs_onnxscript", round(base / onnxscript, 4))
+    write_markdown(result)
+    plot(result)
+    return 0
+
+
+def write_markdown(result: dict) -> None:
+    layers = result["layers"]
+    lines = [
+        "# Optimizer speed",
+        "",
+        f"Model: {result['model']}. Median of {result['reps']} interleaved runs, each in its own process; "
+        "seconds are the optimizer's own (model file → optimized model in memory).",
+        "",
+        "| tool | " + " | ".join(f"{n} layers" for n in layers) + " | fused at deepest | peak RSS at deepest |",
+        "|---|" + "---|" * (len(layers) + 2),
+    ]
+    for tool, by_layers in result["table"].items():
+        cells = []
+        for n in layers:
+            entry = by_layers[n]
+            cells.append(f"{entry['median_seconds']:.2f} s" if entry["median_seconds"] else "failed")
+        deepest = by_layers[max(layers)]
+        fused = ", ".join(f"{k} {v}" for k, v in (deepest["fused"] or {}).items()) or "none"
+        rss = f"{deepest['peak_rss_mb']:.0f} MB" if deepest["peak_rss_mb"] else "-"
+        lines.append(f"| {tool} | " + " | ".join(cells) + f" | {fused} | {rss} |")
+    lines += ["", f"Seconds relative to egfuse (ort target, no validation) at {max(layers)} layers:", ""]
+    lines += [f"- {tool}: {ratio:.2f}×" for tool, ratio in result["seconds_ratio_vs_egfuse_at_deepest"].items()]
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
+    (RESULTS / "speed.md").write_text("\n".join(lines))
+
+
+def plot(result: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tool, by_layers in result["table"].items():
+        xs = [n for n in result["layers"] if by_layers[n]["median_seconds"]]
+        ax.plot(xs, [by_layers[n]["median_seconds"] for n in xs], marker="o", label=tool)
+    ax.set_xlabel("layers")
+    ax.set_ylabel("optimize seconds (median)")
+    ax.set_title("Attention fusion time vs depth (tiny BERT)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "optimize_seconds.png", dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

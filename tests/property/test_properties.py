@@ -1,0 +1,152 @@
+"""Properties over randomly drawn spellings of attention (``egfuse.testing.variants()``).
+
+Algebra, not enumeration: every combination of scale placement, K layout, mask, guard, operand order, bias,
+heads and head size must fuse into exactly one attention op and keep the original's numerics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from hypothesis import given
+from hypothesis import strategies as st
+from onnx import helper
+
+import egfuse
+from egfuse import validate
+from egfuse.testing import Variant, attention_model, feeds_for, variants
+
+from ..conftest import fused_op_count
+
+TOL = 1e-4
+
+
+def _max_diff(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict) -> float:
+    expected, actual = validate.run(original, feeds), validate.run(fused, feeds)
+    worst = 0.0
+    for name, e in expected.items():
+        a = actual[name]
+        diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.abs(e.astype(np.float64) - a))
+        worst = max(worst, float(np.max(diff)) if not np.isnan(diff).any() else float("inf"))
+    return worst
+
+
+def _check_fuses(variant: Variant, target: str) -> None:
+    model = attention_model(variant)
+    feeds = feeds_for(model, seed=variant.seed)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, f"{variant}\n{result.report}"
+    assert fused_op_count(result.model, target) == 1
+    assert _max_diff(model, result.model, feeds) <= TOL
+    other = feeds_for(model, seed=variant.seed + 1, batch=3, seq=4)
+    assert _max_diff(model, result.model, other) <= TOL
+
+
+@given(variants())
+def test_every_spelling_fuses_for_ort(variant):
+    _check_fuses(variant, "ort")
+
+
+@given(variants())
+def test_every_spelling_fuses_for_onnx(variant):
+    _check_fuses(variant, "onnx")
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_fusing_a_fused_model_changes_nothing(variant, target):
+    once = egfuse.fuse(attention_model(variant), target=target, validate=False)
+    twice = egfuse.fuse(once.model, target=target, validate=False)
+    assert twice.report.fused == 0
+    assert twice.model.SerializeToString() == once.model.SerializeToString()
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_same_input_gives_byte_identical_output(variant, target):
+    model = attention_model(variant)
+    first = egfuse.fuse(model, target=target, validate=False).model.SerializeToString()
+    second = egfuse.fuse(model, target=target, validate=False).model.SerializeToString()
+    assert first == second
+
+
+@given(variants())
+def test_fused_scale_is_the_product_of_the_graphs_factors(variant):
+    result = egfuse.fuse(attention_model(variant), target="onnx", validate=False)
+    (scale,) = [a.f for n in result.model.graph.node for a in n.attribute if a.name == "scale"]
+    expected = {"custom": 0.3, "none": 1.0}.get(variant.scale, 1 / np.sqrt(variant.head_dim))
+    assert np.isclose(scale, expected, rtol=1e-5)
+
+
+# --- near misses: never fused wrongly ----------------------------------------------------------------------
+
+
+def _near_miss(model: onnx.ModelProto, target: str, variant: Variant) -> egfuse.FuseResult:
+    """Whatever egfuse does with a near miss, the outputs must still match the original."""
+    feeds = feeds_for(model, seed=variant.seed, batch=1 if variant.heads == 1 else 2)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert _max_diff(model, result.model, feeds) <= TOL
+    return result
+
+
+def _node(model: onnx.ModelProto, op: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op)
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_softmax_over_another_axis_is_not_fused(variant, target):
+    model = attention_model(variant)
+    softmax = _node(model, "Softmax")
+    del softmax.attribute[:]
+    softmax.attribute.append(helper.make_attribute("axis", 2))
+    assert _near_miss(model, target, variant).report.fused == 0
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_a_scale_that_differs_per_head_is_not_fused(variant, target):
+    variant = dataclasses.replace(variant, heads=max(variant.heads, 2), scale="qk_mul")
+    model = attention_model(variant)
+    softmax = _node(model, "Softmax")
+    factors = np.linspace(0.5, 1.5, variant.heads, dtype=np.float32).reshape(1, variant.heads, 1, 1)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(factors, "per_head"))
+    model.graph.node.append(helper.make_node("Mul", [softmax.input[0], "per_head"], ["per_head_scaled"]))
+    softmax.input[0] = "per_head_scaled"
+    _sort(model)
+    assert _near_miss(model, target, variant).report.fused == 0
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_a_mask_multiplied_instead_of_added_is_not_fused(variant, target):
+    variant = dataclasses.replace(variant, mask="additive")
+    model = attention_model(variant)
+    add = next(n for n in model.graph.node if n.op_type == "Add" and "mask" in n.input)
+    add.op_type = "Mul"
+    assert _near_miss(model, target, variant).report.fused == 0
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_probabilities_used_elsewhere_stay_exact(variant, target):
+    model = attention_model(variant)
+    probs = _node(model, "Softmax").output[0]
+    model.graph.output.append(onnx.ValueInfoProto(name=probs))
+    result = _near_miss(model, target, variant)
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+
+
+@given(variants(), st.sampled_from(["ort", "onnx"]))
+def test_value_of_the_wrong_rank_is_not_fused(variant, target):
+    variant = dataclasses.replace(variant, heads=1, guard=False)
+    model = attention_model(variant)
+    pv = [n for n in model.graph.node if n.op_type == "MatMul"][-1]
+    transpose = next(n for n in model.graph.node if n.output[0] == pv.input[1])
+    reshape = next(n for n in model.graph.node if n.output[0] == transpose.input[0])
+    pv.input[1] = reshape.input[0]  # (B, S, H): broadcasting, not attention
+    assert _near_miss(model, target, variant).report.fused == 0
+
+
+def _sort(model: onnx.ModelProto) -> None:
+    """Put appended nodes back in topological order."""
+    import onnx_ir as ir
+
+    ir_model = ir.serde.deserialize_model(model)
+    ir_model.graph.sort()
+    model.CopyFrom(ir.serde.serialize_model(ir_model))
