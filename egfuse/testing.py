@@ -72,7 +72,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     scale = 1.0 / np.sqrt(hd)
 
     def proj(x: str, tag: str) -> str:
-        w = b.const((b.rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32), f"w{tag}")
+        w = b.const((b.rng.standard_normal((hidden, hidden)) * 1.5 / np.sqrt(hidden)).astype(np.float32), f"w{tag}")
         y = b.op("MatMul", [x, w])
         if v.proj_bias:
             y = b.comm("Add", y, b.const(b.rng.standard_normal(hidden).astype(np.float32) * 0.1, f"b{tag}"))

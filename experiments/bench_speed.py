@@ -117,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         t = table[tool][deepest]["median_seconds"]
         if base and t:
             ratios[tool] = t / base
-    result = {"layers": args.layers, "reps": args.reps, "model": f"tiny BERT, hidden {HIDDEN}, {HEADS} heads, SDPA, "
-              "dynamo export", "table": table, "seconds_ratio_vs_egfuse_at_deepest": ratios, "versions": versions()}
+    result = {
+        "layers": args.layers,
+        "reps": args.reps,
+        "model": f"tiny BERT, hidden {HIDDEN}, {HEADS} heads, SDPA, dynamo export",
+        "table": table,
+        "seconds_ratio_vs_egfuse_at_deepest": ratios,
+        "versions": versions(),
+    }
     (RESULTS / "optimize_speed.json").write_text(json.dumps(result, indent=1) + "\n")
     onnxscript = table.get("onnxscript", {}).get(deepest, {}).get("median_seconds")
     if base and onnxscript:

@@ -134,7 +134,7 @@ def test_probabilities_used_elsewhere_stay_exact(variant, target):
 
 @given(variants(), st.sampled_from(["ort", "onnx"]))
 def test_value_of_the_wrong_rank_is_not_fused(variant, target):
-    variant = dataclasses.replace(variant, heads=1, guard=False)
+    variant = dataclasses.replace(variant, heads=1, guard=False, symbolic=True)  # runs only for batch 1
     model = attention_model(variant)
     pv = [n for n in model.graph.node if n.op_type == "MatMul"][-1]
     transpose = next(n for n in model.graph.node if n.output[0] == pv.input[1])
