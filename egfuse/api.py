@@ -7,8 +7,8 @@ re-run with it excluded) and the report says by how much it was off.
 
 from __future__ import annotations
 
-import copy
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,7 +51,10 @@ class FuseResult:
     _loaded: LoadedModel | None = field(default=None, repr=False)
 
     def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
-        """Write atomically (a temp file renamed into place): never a half-written model at ``path``."""
+        """Write atomically (a temp file renamed into place): never a half-written model at ``path``. Weights go
+        to ``<name>.data`` beside it when the input kept them external (or when asked, or past protobuf's 2 GB)."""
+        if external_data is None and self._loaded is not None and self._loaded.external_data:
+            external_data = True
         save_model(self.model, Path(path), external_data=external_data)
 
     def to_ir(self) -> ir.Model:
@@ -337,18 +340,21 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_data: bool | None
     if external_data is None:
         external_data = model.ByteSize() > 1_800_000_000
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        to_save = copy.copy(model) if not external_data else model
+        staged = workdir / path.name
+        to_save = onnx.ModelProto()
+        to_save.CopyFrom(model)  # saving as external data rewrites the tensors it is given
         onnx.save_model(
             to_save,
-            tmp,
+            staged,
             save_as_external_data=external_data,
             all_tensors_to_one_file=True,
             location=f"{path.name}.data" if external_data else None,
+            size_threshold=1024,
         )
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if external_data:
+            os.replace(workdir / f"{path.name}.data", path.parent / f"{path.name}.data")
+        os.replace(staged, path)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

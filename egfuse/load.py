@@ -23,6 +23,7 @@ class LoadedModel:
     proto: onnx.ModelProto
     source: str  # a path or "<ModelProto>"
     base_dir: str | None  # where external data lives
+    external_data: bool = False  # weights were stored outside the .onnx file: keep them outside
 
     @property
     def opset(self) -> int:
@@ -60,11 +61,14 @@ def _load_path(path: Path) -> LoadedModel:
         raise EgfuseError(f"not a readable ONNX model (truncated or not protobuf): {err}", path=str(path)) from None
     if not proto.graph.node and not proto.graph.output:
         raise EgfuseError("not an ONNX model: it has no graph", path=str(path))
+    external = any(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(proto)
+    )
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, ValueError) as err:
         raise EgfuseError(f"external data could not be read: {err}", path=str(path)) from None
-    return LoadedModel(proto, str(path), str(path.parent))
+    return LoadedModel(proto, str(path), str(path.parent), external)
 
 
 def _check(loaded: LoadedModel) -> None:

@@ -77,3 +77,18 @@ def test_report_json_roundtrip(model):
     data = json.loads(egfuse.fuse(model).report.to_json())
     assert data["fused"] == 1 and data["attention_regions"] == 1
     assert data["regions"][0]["status"] == "fused"
+
+
+def test_external_data_stays_external(model, tmp_path):
+    src = tmp_path / "in.onnx"
+    onnx.save(
+        model, src, save_as_external_data=True, all_tensors_to_one_file=True, location="in.onnx.data", size_threshold=0
+    )
+    result = egfuse.fuse(src)
+    out = tmp_path / "out" / "fused.onnx"
+    result.save(out)
+    assert (out.parent / "fused.onnx.data").exists()
+    raw = onnx.load(out, load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in raw.graph.initializer)
+    assert_same_outputs(model, onnx.load(out), feeds_for(model))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
