@@ -81,8 +81,10 @@ def test_report_json_roundtrip(model):
 
 def test_external_data_stays_external(model, tmp_path):
     src = tmp_path / "in.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save moves the tensors it writes externally out of the proto it is given
     onnx.save(
-        model, src, save_as_external_data=True, all_tensors_to_one_file=True, location="in.onnx.data", size_threshold=0
+        copy, src, save_as_external_data=True, all_tensors_to_one_file=True, location="in.onnx.data", size_threshold=0
     )
     result = egfuse.fuse(src)
     out = tmp_path / "out" / "fused.onnx"
