@@ -84,9 +84,13 @@ def fuse(
             failing = _validate(original, fused_proto, report, feeds)
             if not failing:
                 break
+            note = report.validation_note
             excluded.update(failing)
             fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
-            _validate(original, fused_proto, report, feeds)
+            if report.fused:
+                _validate(original, fused_proto, report, feeds)
+            else:
+                report.validated, report.validation_note = None, note
         report.stats["seconds_validate"] = time.perf_counter() - t0
     elif validate:
         report.validated = None
@@ -299,9 +303,14 @@ def _validate(
         data = feeds if feeds is not None else validate.make_feeds(original)
         expected = validate.run(original, data, names)
     except Exception as err:
+        # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
-        report.validation_note = f"not validated: the original model does not run on generated feeds ({_short(err)})"
-        return {}
+        report.validation_note = (
+            f"nothing applied: the original model does not run on generated inputs ({_short(err)}); "
+            "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
+        )
+        reason = "not validated (the original does not run on generated inputs)"
+        return {r.index: (reason, float("nan")) for r in fused_regions}
     try:
         actual = validate.run(fused, data, names)
     except Exception as err:

@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--target", choices=list(TARGETS), default="ort", help=f"hardware target: {targets}")
     opt.add_argument("--report", type=Path, help="also write the report as JSON here")
     opt.add_argument("--no-validate", action="store_true", help="skip the onnxruntime check (not recommended)")
+    opt.add_argument("--feeds", type=Path, help="inputs for the onnxruntime check (.npz, one array per graph input)")
     opt.add_argument("-q", "--quiet", action="store_true", help="print only errors")
 
     demo = sub.add_parser("demo", help="fuse the tiny BERT bundled with egfuse and print the report")
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 def _optimize(args: argparse.Namespace) -> int:
     if args.output.resolve() == args.input.resolve():
         raise EgfuseError("refusing to overwrite the input model; choose another -o", path=str(args.output))
-    result = fuse(args.input, target=args.target, validate=not args.no_validate)
+    feeds = _load_feeds(args.feeds) if args.feeds else None
+    result = fuse(args.input, target=args.target, validate=not args.no_validate, feeds=feeds)
     result.save(args.output)
     if args.report:
         _write_text(args.report, result.report.to_json() + "\n")
@@ -73,6 +75,18 @@ def _demo(args: argparse.Namespace) -> int:
         result.save(args.output)
         print(f"wrote {args.output}")
     return 0 if result.report.validated else 1
+
+
+def _load_feeds(path: Path) -> dict:
+    import numpy as np
+
+    if not path.is_file():
+        raise EgfuseError("no such file", path=str(path))
+    try:
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as err:
+        raise EgfuseError(f"not a readable .npz of inputs: {err}", path=str(path)) from None
 
 
 def _write_text(path: Path, text: str) -> None:

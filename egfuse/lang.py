@@ -130,6 +130,11 @@ class Tensor(Expr):
         the standard op's 3D form (``q_num_heads``)."""
 
     @classmethod
+    def mha_kv4(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:
+        """``mha`` whose K and V are given already split, (B, N, T, H): after RoPE or a KV-head repeat, K and V
+        are no longer a plain head split of a projection."""
+
+    @classmethod
     def packed_attention(
         cls,
         x: Tensor,

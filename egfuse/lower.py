@@ -71,6 +71,11 @@ class Lowerer:
         rank = self.facts.rank(value)
         if rank is not None:
             cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")
+        if rank == 4:  # heads and head size of a (B, N, S, H) tensor: what an op taking (B, S, N·H) needs
+            shape = self.facts.shape(value)
+            for axis in (1, 3):
+                if shape[axis] is not None and shape[axis].static is not None:
+                    cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis].static}")')
         if not leaf:
             return
         scalar = self.facts.scalar(value)

