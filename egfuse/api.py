@@ -242,7 +242,13 @@ def _fuse_once(
             target,
             f"egfuse/r{region.index}",
         )
-        replacements = [(out, emitter.value(class_of[out])) for out in region.outputs if out in class_of]
+        # Only outputs whose program goes through the fused op are rewritten; the rest (a mask shared with
+        # the next layer, a projection used elsewhere) keep their original nodes.
+        replacements = [
+            (out, emitter.value(class_of[out]))
+            for out in region.outputs
+            if out in class_of and _fused_ops(class_of[out], choice)
+        ]
         anchor = region.nodes[-1]
         graph.insert_before(anchor, emitter.new_nodes)
         for old, new in replacements:

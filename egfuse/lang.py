@@ -106,6 +106,10 @@ class Tensor(Expr):
     def split_lead(cls, a: Tensor, second: StringLike) -> Tensor:
         """(A·second, …) → (A, second, …): the inverse of ``merge_lead``."""
 
+    @classmethod
+    def repeat_heads(cls, a: Tensor, times: StringLike) -> Tensor:
+        """(B, N, T, H) → (B, N·times, T, H), each head repeated ``times`` times in place: GQA/MQA's repeat_kv."""
+
     # --- canonical attention -------------------------------------------------------------------------------
     @classmethod
     def scores(cls, q: Tensor, k: Tensor, scale: f64Like) -> Tensor:
@@ -122,6 +126,10 @@ class Tensor(Expr):
     @classmethod
     def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
         """``attend`` whose fully masked rows are 0: the softmax was guarded by ``nan_to_zero``."""
+
+    @classmethod
+    def attend_gqa(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
+        """``attend`` with fewer K/V heads than Q heads (q head i reads kv head i·kv/q): GQA and MQA."""
 
     # --- target ops ----------------------------------------------------------------------------------------
     @classmethod

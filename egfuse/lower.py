@@ -52,6 +52,7 @@ class Lowerer:
         self.n = names
         self.opset = opset
         self.table = Lowered()
+        self._inside: set[ir.Value] = set()  # values computed inside the region being lowered
 
     # --- term text helpers -----------------------------------------------------------------------------------
     def _call(self, op: str, *args: str) -> str:
@@ -103,7 +104,7 @@ class Lowerer:
 
     # --- regions ---------------------------------------------------------------------------------------------
     def lower(self, region: Region) -> None:
-        produced = {v for node in region.nodes for v in node.outputs}
+        produced = self._inside = {v for node in region.nodes for v in node.outputs}
         for node in region.nodes:
             out = node.outputs[0]
             if self.facts.const(out) is not None:
@@ -151,6 +152,25 @@ class Lowerer:
             return self._reshape(node, args)
         return None
 
+    def _repeat_heads(self, node: ir.Node, dst: tuple) -> str | None:
+        """``Reshape(Expand(Unsqueeze(x, 2)), (B, N·r, T, H))``: repeat_kv, read as one meaning."""
+        expand = node.inputs[0].producer()
+        if expand is None or expand.op_type != "Expand" or len(dst) != 4:
+            return None
+        unsqueeze = expand.inputs[0].producer()
+        if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or _axes(unsqueeze, self.facts) != [2]:
+            return None
+        x = unsqueeze.inputs[0]
+        src, wide = self.facts.shape(x), self.facts.shape(expand.outputs[0])
+        if src is None or wide is None or len(src) != 4 or len(wide) != 5 or None in src or None in wide:
+            return None
+        times = wide[2]
+        if wide[:2] != src[:2] or wide[3:] != src[2:] or times.static is None:
+            return None
+        if dst[0] != src[0] or dst[2:] != src[2:] or dst[1] != src[1] * times:
+            return None
+        return self._call("repeat_heads", self._arg(x, self._inside), _q(times.static))
+
     def _is_constant(self, value: ir.Value | None) -> bool:
         return value is not None and (self.facts.const(value) is not None or value.const_value is not None)
 
@@ -182,6 +202,9 @@ class Lowerer:
             return generic
         if src == dst:
             return args[0]
+        repeated = self._repeat_heads(node, dst)
+        if repeated is not None:
+            return repeated
         if len(dst) == len(src) + 1 and dst[:-2] == src[:-1] and _mul(dst[-2], dst[-1]) == src[-1]:
             return self._call("split_heads", args[0], _q(dst[-2]), _q(dst[-1]))
         if len(dst) == len(src) - 1 and dst[:-1] == src[:-2] and _mul(src[-2], src[-1]) == dst[-1]:
@@ -191,6 +214,14 @@ class Lowerer:
         if len(dst) == len(src) + 1 and dst[2:] == src[1:] and _mul(dst[0], dst[1]) == src[0]:
             return self._call("split_lead", args[0], _q(dst[1]))
         return generic
+
+
+def _axes(node: ir.Node, facts: GraphFacts) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = facts.const(node.inputs[1])
+        return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    attr = node.attributes.get("axes")
+    return None if attr is None else list(attr.value)
 
 
 def _mul(a: Dim | None, b: Dim | None) -> Dim | None:

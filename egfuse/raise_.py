@@ -15,7 +15,7 @@ from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
 from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
-from egfuse.targets.base import Target
+from egfuse.targets.base import FUSED, Target
 
 _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
            "isnan": "IsNaN", "sqrt": "Sqrt", "reshape": "Reshape"}  # fmt: skip
@@ -44,6 +44,7 @@ class Emitter:
         self.memo: dict[EClass, ir.Value] = {}
         self.new_nodes: list[ir.Node] = []
         self.created: set[ir.Value] = set()
+        self._fused_memo: dict[EClass, bool] = {}
         self._counter = 0
 
     # --- building blocks for targets -------------------------------------------------------------------------
@@ -121,8 +122,19 @@ class Emitter:
     # --- terms -----------------------------------------------------------------------------------------------
     def value(self, cid: EClass) -> ir.Value:
         if cid not in self.memo:
-            self.memo[cid] = self._emit(self.choice[cid].node)
+            original = self.leaf_value(cid)
+            if original is not None and not self._has_fused(cid):
+                self.memo[cid] = original  # unchanged by fusion: reuse the graph's own value, emit nothing
+            else:
+                self.memo[cid] = self._emit(self.choice[cid].node)
         return self.memo[cid]
+
+    def _has_fused(self, cid: EClass) -> bool:
+        if cid not in self._fused_memo:
+            self._fused_memo[cid] = False  # cycle guard
+            node = self.choice[cid].node
+            self._fused_memo[cid] = node.op in FUSED or any(self._has_fused(c) for c in node.children)
+        return self._fused_memo[cid]
 
     def _emit(self, n: ENode) -> ir.Value:
         op, a = n.op, n.args
@@ -153,6 +165,25 @@ class Emitter:
             rank = self.rank(a[0], x)
             spec = [0] * (rank - 1) + [int(a[1]), int(a[2])] if op == "split_heads" else [0] * (rank - 2) + [-1]
             return self.node("Reshape", [x, self.const(np.array(spec, np.int64), "shape")], like=x)
+        if op == "repeat_heads":  # Unsqueeze(x, 2) → Expand(·, (B, N, r, T, H)) → Reshape(·, (B, N·r, T, H))
+            x = self.value(a[0])
+            times = self.const(np.array([int(a[1])], np.int64), "times")
+            axes = self.const(np.array([2], np.int64), "axes")
+            wide = self.node("Unsqueeze", [x, axes], like=x)
+            shape = self.node("Shape", [x])
+            head, tail = (
+                self.node(
+                    "Slice",
+                    [shape, self.const(np.array([s], np.int64), "at"), self.const(np.array([e], np.int64), "to")],
+                )
+                for s, e in ((0, 2), (2, 4))
+            )
+            wide = self.node("Expand", [wide, self.node("Concat", [head, times, tail], {"axis": 0})], like=x)
+            batch = self.node(
+                "Slice", [shape, self.const(np.array([0], np.int64), "at"), self.const(np.array([1], np.int64), "to")]
+            )
+            target = self.node("Concat", [batch, self.const(np.array([-1], np.int64), "minus_one"), tail], {"axis": 0})
+            return self.node("Reshape", [wide, target], like=x)
         if op in ("merge_lead", "split_lead"):
             x = self.value(a[0])
             shape = self.node("Shape", [x], {"start": 2 if op == "merge_lead" else 1})

@@ -16,22 +16,10 @@ import onnx_ir as ir
 from egfuse.facts import GraphFacts
 
 # Ops the rules reason about. A value produced by any other op enters the region as an opaque leaf.
-VOCABULARY = frozenset(
-    {
-        "MatMul",
-        "Transpose",
-        "Reshape",
-        "Mul",
-        "Div",
-        "Add",
-        "Sub",
-        "Where",
-        "IsNaN",
-        "Cast",
-        "Sqrt",
-        "Softmax",
-    }
-)
+VOCABULARY = frozenset({
+    "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax",
+    "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
+})  # fmt: skip
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
 _MAX_BACKWARD_DEPTH = 12

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -58,6 +59,34 @@ def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str
     return seconds, fused_counts(model)
 
 
+def check(original: str, optimized: str, feeds_path: str) -> dict:
+    """Does the optimized model load and run on onnxruntime CPU, and how far are its outputs from the original's?"""
+    import numpy as np
+    import onnxruntime as ort
+
+    feeds = dict(np.load(feeds_path))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    expected = ort.InferenceSession(original, options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    try:
+        session = ort.InferenceSession(optimized, options, providers=["CPUExecutionProvider"])
+    except Exception as err:
+        return {"loads": False, "runs": False, "load_error": str(err).strip().splitlines()[-1][:300]}
+    try:
+        actual = session.run(None, feeds)
+    except Exception as err:
+        return {"loads": True, "runs": False, "run_error": str(err).strip().splitlines()[-1][:300]}
+    diffs = []
+    for e, a in zip(expected, actual, strict=True):
+        if e.shape != a.shape:
+            diffs.append(float("inf"))
+            continue
+        d = np.abs(e.astype(np.float64) - a.astype(np.float64))
+        d = np.where(np.isnan(e) & np.isnan(a), 0.0, d)
+        diffs.append(float(np.nan_to_num(d, nan=np.inf).max()) if d.size else 0.0)
+    return {"loads": True, "runs": True, "max_abs_diff": max(diffs, default=0.0)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("tool")
@@ -66,11 +95,17 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=0)
     parser.add_argument("--model-type", default="bert")
     parser.add_argument("--out")
+    parser.add_argument("--check", help="feeds (.npz): also run original and optimized on onnxruntime CPU")
     args = parser.parse_args()
     record: dict = {"tool": args.tool, "model": args.model}
     try:
-        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, args.out)
+        out = args.out or (args.model + f".{args.tool.replace(':', '_')}.tmp.onnx" if args.check else None)
+        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, out)
         record.update(ok=True, seconds=seconds, fused=fused)
+        if args.check:
+            record.update(check(args.model, out, args.check))
+            if not args.out:
+                os.remove(out)
     except BaseException as err:  # a crash is a result here
         record.update(ok=False, error=f"{type(err).__name__}: {str(err).strip()[:300]}")
         traceback.print_exc(file=sys.stderr)

@@ -40,6 +40,10 @@ def rules(
         union(guarded).with_(Tensor.attend_z(q, k, v, b, s)),
         union(guarded).with_(Tensor.nan_to_zero(Tensor.attend(q, k, v, b, s), z)),
     )
+    # Repeating K/V heads to match Q (repeat_kv) is what grouped-query attention does natively.
+    yield rewrite(Tensor.attend(q, Tensor.repeat_heads(k, n), Tensor.repeat_heads(v, n), b, s)).to(
+        Tensor.attend_gqa(q, k, v, b, s)
+    )
     # Any (B, N, S, H) query is the head split of its merge, so attention on it is mha on the merged query.
     yield rewrite(Tensor.attend(q, k, v, b, s)).to(
         heads_first(Tensor.mha_kv4(Tensor.merge_heads(Tensor.transpose(q, BNSH), n, h), k, v, b, s, n), n, hv),

@@ -18,10 +18,10 @@ PRIMITIVE_COSTS: dict[str, float] = {
     "matmul": 10.0, "softmax": 4.0,
     "add": 2.0, "sub": 2.0, "mul": 2.0, "div": 2.0, "where": 2.0, "isnan": 1.0, "sqrt": 1.0, "cast": 1.0,
     "nan_to_zero": 3.0, "transpose": 2.0,
-    "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
+    "repeat_heads": 2.0, "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
 }  # fmt: skip
 
-FUSED = frozenset({"attend", "attend_z", "mha", "mha_kv4", "packed_attention"})
+FUSED = frozenset({"attend", "attend_z", "attend_gqa", "mha", "mha_kv4", "packed_attention"})
 """Constructors that are one fused attention op when emitted."""
 
 
