@@ -40,3 +40,20 @@ def test_every_block_fuses_and_matches(entry, target):
     assert_same_outputs(original, result.model, feeds)
     # A second, independent draw of inputs (other batch/sequence sizes, other padding).
     assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims={"batch": 3, "sequence": 6}))
+
+
+GQA = [m for m in MODELS if m["kv_heads"] < m["heads"]]
+
+
+@pytest.mark.parametrize("entry", GQA, ids=[m["file"] for m in GQA])
+def test_gqa_fuses_with_native_kv_heads(entry):
+    """The standard op takes K/V with their own (fewer) heads: the repeat_kv copy is gone."""
+    path = DATA / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    result = egfuse.fuse(path, target="onnx", feeds=feeds)
+    attention = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert len(attention) == entry["blocks"]
+    keys = [n.input[1] for n in attention]
+    shapes = validate.run(result.model, feeds, keys)
+    assert all(shapes[k].shape[1] == entry["kv_heads"] for k in keys), {k: shapes[k].shape for k in keys}
+    assert_same_outputs(onnx.load(path), result.model, feeds)
