@@ -193,7 +193,7 @@ def write(results: dict) -> None:
         for s in results["seqs"]:
             base = _median(data["seconds"]["original (dynamo, opset 18)"][s])
             cells = []
-            for name, by_seq in data["seconds"].items():
+            for by_seq in data["seconds"].values():
                 m = _median(by_seq[s])
                 if m is None:
                     reason = next((v for v in by_seq[s] if isinstance(v, str)), "n/a")
