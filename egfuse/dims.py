@@ -25,10 +25,24 @@ class Dim:
         if isinstance(d, int):
             return Dim(d) if d >= 0 else None  # (shapes only: reshape specs keep -1 as Dim(-1))
         if isinstance(d, ir.SymbolicDim):
-            return Dim(1, (d.value,)) if d.value else None
+            return Dim.parse(d.value) if d.value else None
         if isinstance(d, str):
-            return Dim(1, (d,)) if d else None
+            return Dim.parse(d) if d else None
         return None
+
+    @staticmethod
+    def parse(text: str) -> Dim:
+        """A product as exporters write it ("4*batch", "s0*s1"); anything else is one opaque symbol."""
+        factors = [f.strip() for f in text.split("*")]
+        if "+" in text or "-" in text or "/" in text or not all(factors):
+            return Dim(1, (text,))
+        coef, syms = 1, []
+        for f in factors:
+            if f.isdigit():
+                coef *= int(f)
+            else:
+                syms.append(f)
+        return Dim(coef, tuple(sorted(syms)))
 
     @property
     def static(self) -> int | None:

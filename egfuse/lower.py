@@ -77,6 +77,10 @@ class Lowerer:
             for axis in (1, 3):
                 if shape[axis] is not None and shape[axis].static is not None:
                     cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis].static}")')
+        elif rank == 3:  # the merged (B·N) batch of 3D attention: equal strings prove equal sizes
+            first = self.facts.shape(value)[0]
+            if first is not None:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} 0) "{first}")')
         if not leaf:
             return
         scalar = self.facts.scalar(value)

@@ -20,7 +20,7 @@ VOCABULARY = frozenset({
     "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
 })  # fmt: skip
-_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast"})
+_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape"})  # Reshape: 3D (B·N, S, T) probabilities
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
 _MAX_BACKWARD_DEPTH = 12
 
@@ -54,7 +54,8 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
     chain: list[ir.Node] = []
     value = softmax.outputs[0]
     for _ in range(4):
-        users = [use.node for use in value.uses()]
+        # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping).
+        users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
         matmuls = [n for n in users if n.op_type == "MatMul" and n.inputs[0] is value]
         if len(matmuls) == 1 and len(users) == 1:
             chain.append(matmuls[0])

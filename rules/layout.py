@@ -45,6 +45,14 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
         eq(dim_of(c, i64(-2))).to(n),
         eq(dim_of(c, i64(-1))).to(h),
     )
+    # Batched MatMul over merged batch dims is the merge of the batched MatMul (DeBERTa's 3D attention).
+    yield rewrite(Tensor.matmul(Tensor.merge_lead(x, n), Tensor.merge_lead(c, n))).to(
+        Tensor.merge_lead(Tensor.matmul(x, c), n)
+    )
+    # Splitting the batch of a sum splits both terms, when both have the full batch (no broadcast).
+    yield rewrite(Tensor.split_lead(Tensor.add(x, c), n)).to(
+        Tensor.add(Tensor.split_lead(x, n), Tensor.split_lead(c, n)), eq(dim_of(x, i64(0))).to(dim_of(c, i64(0)))
+    )
     # Elementwise scalars move through layout ops (they broadcast the same way before and after).
     for layout in (
         lambda t: Tensor.transpose(t, p),
@@ -53,6 +61,6 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
         lambda t: Tensor.merge_lead(t, n),
         lambda t: Tensor.split_lead(t, n),
     ):
-        yield rewrite(layout(Tensor.mul(x, c))).to(Tensor.mul(layout(x), c), scalar_of(c) == f)
-        yield rewrite(layout(Tensor.div(x, c))).to(Tensor.div(layout(x), c), scalar_of(c) == f)
+        yield birewrite(layout(Tensor.mul(x, c))).to(Tensor.mul(layout(x), c), scalar_of(c) == f)
+        yield birewrite(layout(Tensor.div(x, c))).to(Tensor.div(layout(x), c), scalar_of(c) == f)
         yield birewrite(layout(Tensor.nan_to_zero(x, z))).to(Tensor.nan_to_zero(layout(x), z))
