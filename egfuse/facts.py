@@ -94,6 +94,13 @@ SAME_SHAPE = frozenset({
 })  # fmt: skip
 
 
+def _uniform(array: np.ndarray | None) -> float | None:
+    """The one value of a constant whose elements are all equal."""
+    if array is None or array.size == 0 or not np.all(array == array.reshape(-1)[0]):
+        return None
+    return float(array.reshape(-1)[0])
+
+
 def _invented(d: Dim) -> bool:
     return any(sym.startswith("unk__") for sym in d.syms)
 
@@ -114,6 +121,7 @@ class GraphFacts:
         self._const: dict[ir.Value, np.ndarray] = {}
         self._elems: dict[ir.Value, tuple[Dim | None, ...]] = {}
         self._shape: dict[ir.Value, Shape] = {}
+        self._flags: dict[ir.Value, tuple[bool, ...]] = {}  # known boolean vectors (Equal on a shape)
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -223,6 +231,9 @@ class GraphFacts:
                 self._set_elems(out, tuple(shape[start:end]))
         elif op in ("Identity", "Cast", "CastLike", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
             self._set_elems(out, self.elems(x))
+        elif op == "Reshape" and self.elems(x) is not None and self.const(node.inputs[1]) is not None:
+            if self.const(node.inputs[1]).size == 1:  # a shape vector flattened to 1-D stays itself
+                self._set_elems(out, self.elems(x))
         elif op == "Concat" and all(self.elems(v) is not None for v in node.inputs):
             self._set_elems(out, tuple(d for v in node.inputs for d in self.elems(v)))
         elif op == "Gather" and self.elems(x) is not None and self.const(node.inputs[1]) is not None:
@@ -233,6 +244,21 @@ class GraphFacts:
             items = np.array(self.elems(x), dtype=object)
             consts = [x, *[self.const(v) for v in node.inputs[1:]]]
             self._set_elems(out, tuple(_slice(node, items, consts)))
+        elif op == "Equal" and self.elems(x) is not None and _uniform(self.const(node.inputs[1])) is not None:
+            c = _uniform(self.const(node.inputs[1]))
+            # A symbolic dim is never negative, so it never equals the -1 that TorchScript's expand tests for.
+            flags = [d.static == c if d is not None and d.static is not None else (False if c < 0 else None)
+                     for d in self.elems(x)]  # fmt: skip
+            if None not in flags:
+                self._flags[out] = tuple(flags)
+        elif op == "Where" and node.inputs[0] in self._flags:
+            a, b = (self.elems(v) for v in node.inputs[1:])
+            flags = self._flags[node.inputs[0]]
+            if a is not None and b is not None:
+                a = a * len(flags) if len(a) == 1 else a
+                b = b * len(flags) if len(b) == 1 else b
+                if len(a) == len(b) == len(flags):
+                    self._set_elems(out, tuple(p if f else q for f, p, q in zip(flags, a, b, strict=True)))
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
             if len(b) == 1:
@@ -283,6 +309,18 @@ class GraphFacts:
                 result = _broadcast(result, s)
         elif op in SAME_SHAPE and ins and ins[0] is not None:
             result = ins[0]
+        elif op == "Unsqueeze" and ins and ins[0] is not None:
+            axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
+            if axes is not None:
+                rank = len(ins[0]) + len(np.asarray(axes).reshape(-1))
+                out_dims = list(ins[0])
+                for a in sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)):
+                    out_dims.insert(a, Dim(1))
+                result = tuple(out_dims)
+        elif op == "Expand" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:
+            target = tuple(d if d is not None and d != Dim(1) else (d if d is None else Dim(1))
+                           for d in self.elems(node.inputs[1]))  # fmt: skip
+            result = _broadcast(ins[0], target)
         if result is None:
             return
         if known is not None and len(known) == len(result):

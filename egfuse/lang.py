@@ -121,15 +121,12 @@ class Tensor(Expr):
 
     @classmethod
     def attend(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
-        """``probs(q, k, bias, scale) @ v`` in (B, N, S, H); fully masked rows give NaN, like the primitives."""
+        """``probs(q, k, bias, scale) @ v`` in (B, N, S, H); fully masked rows give NaN, like the primitives.
+        K and V may have fewer heads than Q (GQA/MQA): query head i reads kv head i // (N / N_kv)."""
 
     @classmethod
     def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
         """``attend`` whose fully masked rows are 0: the softmax was guarded by ``nan_to_zero``."""
-
-    @classmethod
-    def attend_gqa(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
-        """``attend`` with fewer K/V heads than Q heads (q head i reads kv head i·kv/q): GQA and MQA."""
 
     # --- target ops ----------------------------------------------------------------------------------------
     @classmethod

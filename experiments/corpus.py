@@ -356,6 +356,7 @@ SETS = {
         "bart_sdpa",
         "whisper_sdpa",
         "t5_encoder_eager",
+        "deberta_v2_eager:dynamo",
     ],
     "all": list(SPECS),
 }
@@ -450,7 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only or SETS[args.set]
-    jobs = [(SPECS[n], e) for n in names for e in SPECS[n].exporters]
+    jobs = []
+    for item in names:  # "name" exports with every exporter, "name:exporter" with that one
+        name, _, only = item.partition(":")
+        jobs += [(SPECS[name], e) for e in SPECS[name].exporters if not only or e == only]
     entries = []
     for i, (spec, exporter) in enumerate(jobs, 1):
         print(f"[{i:>3}/{len(jobs)}] {spec.name:<28} {exporter:<12}", end=" ", flush=True)

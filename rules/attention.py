@@ -42,7 +42,10 @@ def rules(
     )
     # Repeating K/V heads to match Q (repeat_kv) is what grouped-query attention does natively.
     yield rewrite(Tensor.attend(q, Tensor.repeat_heads(k, n), Tensor.repeat_heads(v, n), b, s)).to(
-        Tensor.attend_gqa(q, k, v, b, s)
+        Tensor.attend(q, k, v, b, s)
+    )
+    yield rewrite(Tensor.attend_z(q, Tensor.repeat_heads(k, n), Tensor.repeat_heads(v, n), b, s)).to(
+        Tensor.attend_z(q, k, v, b, s)
     )
     # Any (B, N, S, H) query is the head split of its merge, so attention on it is mha on the merged query.
     yield rewrite(Tensor.attend(q, k, v, b, s)).to(
@@ -50,6 +53,7 @@ def rules(
         eq(dim_of(q, i64(1))).to(n),
         eq(dim_of(q, i64(3))).to(h),
         eq(dim_of(v, i64(3))).to(hv),
+        eq(dim_of(k, i64(1))).to(n),  # MultiHeadAttention has no grouped K/V heads
     )
     yield rewrite(Tensor.mha_kv4(q, heads_first(k, n, hk), heads_first(v, n, hv), b, s, n)).to(
         Tensor.mha(q, k, v, b, s, n)

@@ -21,7 +21,7 @@ PRIMITIVE_COSTS: dict[str, float] = {
     "repeat_heads": 2.0, "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
 }  # fmt: skip
 
-FUSED = frozenset({"attend", "attend_z", "attend_gqa", "mha", "mha_kv4", "packed_attention"})
+FUSED = frozenset({"attend", "attend_z", "mha", "mha_kv4", "packed_attention"})
 """Constructors that are one fused attention op when emitted."""
 
 
