@@ -37,6 +37,13 @@ def bind_dim(name: str, sizes: dict[str, int]) -> int:
         if key in lowered:
             sizes[name] = size
             return size
+    # A "total" length (KV cache: past + new tokens) is the sum of the past and new lengths.
+    if "total" in lowered:
+        past = bind_dim(next((k for k in sizes if "past" in k.lower()), "past_sequence"), sizes)
+        new = bind_dim(next((k for k in sizes if "total" not in k.lower() and "past" not in k.lower()
+                             and "batch" not in k.lower()), "sequence"), sizes)  # fmt: skip
+        sizes[name] = past + new
+        return sizes[name]
     # Sums such as "past_sequence_length + sequence_length" follow from their parts.
     parts = [p.strip() for p in re.split(r"\+", name)]
     if len(parts) > 1:

@@ -211,6 +211,73 @@ def _llama(impl: str):
     return build
 
 
+PAST = 5
+
+
+def _with_past(make_config, make_model, kv_heads: int):
+    """A decoder step with a KV cache: past keys/values in, present keys/values out (as graph tensors)."""
+
+    def build():
+        import torch
+        from transformers import DynamicCache
+
+        cfg = make_config()
+        model = make_model(cfg).eval()
+        layers = cfg.num_hidden_layers
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask, *past):
+                cache = DynamicCache(config=cfg)
+                for i in range(layers):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                 use_cache=True)  # fmt: skip
+                present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+                return (out.last_hidden_state, *present)
+
+        rng = np.random.default_rng(0)
+        mask = np.ones((2, PAST + 3), np.int64)
+        mask[-1, 0] = 0  # left padding in the second sequence
+        feeds = {"input_ids": rng.integers(0, VOCAB, (2, 3)).astype(np.int64), "attention_mask": mask}
+        for i in range(layers):
+            for kind in ("key", "value"):
+                shape = (2, kv_heads, PAST, HIDDEN // HEADS)
+                feeds[f"past_{kind}_{i}"] = rng.standard_normal(shape).astype(np.float32)
+        outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(layers) for k in ("key", "value")]
+        return Wrapper().eval(), feeds, outputs
+
+    return build
+
+
+def _gpt2_past(impl: str):
+    from_config = lambda cfg: __import__("transformers").GPT2Model(cfg)  # noqa: E731
+
+    def config():
+        from transformers import GPT2Config
+
+        return GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
+                          attn_implementation=impl)  # fmt: skip
+
+    return _with_past(config, from_config, HEADS)
+
+
+def _llama_past(impl: str):
+    from_config = lambda cfg: __import__("transformers").LlamaModel(cfg)  # noqa: E731
+
+    def config():
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, num_key_value_heads=HEADS // 2, max_position_embeddings=64,
+                           attn_implementation=impl)  # fmt: skip
+
+    return _with_past(config, from_config, HEADS // 2)
+
+
 def _seq2seq_ids() -> dict[str, np.ndarray]:
     feeds = _ids()
     feeds["decoder_input_ids"] = np.random.default_rng(1).integers(0, VOCAB, (2, 5)).astype(np.int64)
@@ -331,6 +398,24 @@ SPECS: dict[str, Spec] = {
         Spec("gpt2_sdpa", _gpt2("sdpa"), LAYERS, ["mha", "causal"]),
         Spec("llama_eager", _llama("eager"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
         Spec("llama_sdpa", _llama("sdpa"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
+        Spec("gpt2_past_eager", _gpt2_past("eager"), LAYERS, ["mha", "causal", "kv cache"], exporters=("torchscript",)),
+        Spec("gpt2_past_sdpa", _gpt2_past("sdpa"), LAYERS, ["mha", "causal", "kv cache"], exporters=("torchscript",)),
+        Spec(
+            "llama_past_eager",
+            _llama_past("eager"),
+            LAYERS,
+            ["gqa", "causal", "rope", "kv cache"],
+            kv_heads=HEADS // 2,
+            exporters=("torchscript",),
+        ),
+        Spec(
+            "llama_past_sdpa",
+            _llama_past("sdpa"),
+            LAYERS,
+            ["gqa", "causal", "rope", "kv cache"],
+            kv_heads=HEADS // 2,
+            exporters=("torchscript",),
+        ),
         Spec("bart_eager", _bart("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
         Spec("bart_sdpa", _bart("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
         Spec("whisper_eager", _whisper("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
@@ -362,6 +447,13 @@ SETS = {
 }
 
 
+def _seq_name(input_name: str, with_past: bool) -> str:
+    """Symbolic dim names: with a KV cache the mask spans past + new tokens, so it gets its own."""
+    if input_name.startswith("decoder"):
+        return "decoder_sequence"
+    return "total_sequence" if input_name == "attention_mask" and with_past else "sequence"
+
+
 @contextlib.contextmanager
 def _quiet_fds():
     """Silence stdout/stderr at the file-descriptor level: the TorchScript exporter prints whole IR graphs
@@ -387,17 +479,15 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
     try:
         torch.manual_seed(0)
         model, feeds, outputs = spec.build()
+        with_past = any(n.startswith("past_") for n in feeds)
         args = tuple(torch.from_numpy(v) for v in feeds.values())
         names = list(feeds)
         path = out_dir / f"{spec.name}.{exporter}.onnx"
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_fds():
             warnings.simplefilter("ignore")
             if exporter == "torchscript":
-                dyn = {
-                    n: {0: "batch", 1: "decoder_sequence" if n.startswith("decoder") else "sequence"}
-                    for n in names
-                    if feeds[n].ndim == 2
-                }
+                dyn = {n: {0: "batch", 1: _seq_name(n, with_past)} for n in names if feeds[n].ndim == 2}
+                dyn.update({n: {0: "batch", 2: "past_sequence"} for n in names if n.startswith("past_")})
                 torch.onnx.export(
                     model,
                     args,

@@ -46,7 +46,8 @@ def test_every_block_fuses_and_matches(entry, target):
     original = onnx.load(path)
     assert_same_outputs(original, result.model, feeds)
     # A second, independent draw of inputs (other batch/sequence sizes, other padding).
-    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims={"batch": 3, "sequence": 6}))
+    dims = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10}
+    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=dims))
 
 
 GQA = [m for m in MODELS if m["kv_heads"] < m["heads"]]
