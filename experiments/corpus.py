@@ -58,6 +58,17 @@ class Entry:
     export_seconds: float = 0.0
 
 
+SEQ2SEQ_SIZES = {  # BART and Whisper: encoder and decoder the same tiny size
+    "vocab_size": VOCAB, "d_model": HIDDEN, "encoder_layers": LAYERS, "decoder_layers": LAYERS,
+    "encoder_attention_heads": HEADS, "decoder_attention_heads": HEADS, "encoder_ffn_dim": INTER,
+    "decoder_ffn_dim": INTER,
+}  # fmt: skip
+WHISPER_SIZES = {  # 8 mel bins × 32 frames; token ids inside the tiny vocabulary
+    "num_mel_bins": 8, "max_source_positions": 16, "max_target_positions": 16, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
+}  # fmt: skip
+
+
 def _ids(batch: int = 2, seq: int = 7) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     mask = np.ones((batch, seq), np.int64)
@@ -82,133 +93,127 @@ def _wrap(model, input_names: list[str], output: str = "last_hidden_state"):
     return Wrapper().eval()
 
 
-def _bert(impl: str):
-    def build():
-        from transformers import BertConfig, BertModel
-
-        cfg = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=INTER,
-            max_position_embeddings=64,
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(BertModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
+def _seq2seq_ids() -> dict[str, np.ndarray]:
+    feeds = _ids()
+    feeds["decoder_input_ids"] = np.random.default_rng(1).integers(0, VOCAB, (2, 5)).astype(np.int64)
+    return feeds
 
 
-def _bart_encoder(impl: str):
-    def build():
-        from transformers import BartConfig, BartModel
+def _hf(
+    config: str,
+    model: str,
+    feeds: Callable[[], dict[str, np.ndarray]],
+    sizes: dict,
+    part: Callable | None = None,
+    **model_kwargs,
+) -> Callable[[str], Callable]:
+    """A builder for ``transformers.<model>(<config>(**sizes))`` with the given attention implementation."""
 
-        cfg = BartConfig(
-            vocab_size=VOCAB,
-            d_model=HIDDEN,
-            encoder_layers=LAYERS,
-            decoder_layers=LAYERS,
-            encoder_attention_heads=HEADS,
-            decoder_attention_heads=HEADS,
-            encoder_ffn_dim=INTER,
-            decoder_ffn_dim=INTER,
-            max_position_embeddings=64,
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(BartModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
+    def with_attention(impl: str):
+        def build():
+            import transformers
 
-    return build
+            cfg = getattr(transformers, config)(**sizes, attn_implementation=impl)
+            net = getattr(transformers, model)(cfg, **model_kwargs)
+            if part is not None:
+                net = part(net)
+            inputs = feeds()
+            return _wrap(net, list(inputs)), inputs, ["last_hidden_state"]
 
+        return build
 
-def _vit(impl: str):
-    def build():
-        from transformers import ViTConfig, ViTModel
-
-        cfg = ViTConfig(
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=INTER,
-            image_size=16,
-            patch_size=4,
-            num_channels=3,
-            attn_implementation=impl,
-        )
-        feeds = {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)}
-        return _wrap(ViTModel(cfg, add_pooling_layer=False), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
+    return with_attention
 
 
-def _whisper_encoder(impl: str):
-    def build():
-        from transformers import WhisperConfig, WhisperModel
-
-        cfg = WhisperConfig(
-            vocab_size=VOCAB,
-            d_model=HIDDEN,
-            encoder_layers=LAYERS,
-            decoder_layers=LAYERS,
-            encoder_attention_heads=HEADS,
-            decoder_attention_heads=HEADS,
-            encoder_ffn_dim=INTER,
-            decoder_ffn_dim=INTER,
-            num_mel_bins=8,
-            max_source_positions=16,
-            max_target_positions=16,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            decoder_start_token_id=1,
-            attn_implementation=impl,
-        )
-        feeds = {"input_features": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
-        return _wrap(WhisperModel(cfg).get_encoder(), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
+def _pixels() -> dict[str, np.ndarray]:
+    return {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)}
 
 
-def _gpt2(impl: str):
-    def build():
-        from transformers import GPT2Config, GPT2Model
-
-        cfg = GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=HIDDEN,
-            n_layer=LAYERS,
-            n_head=HEADS,
-            n_positions=64,
-            use_cache=False,
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(GPT2Model(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
+def _audio() -> dict[str, np.ndarray]:
+    return {"input_features": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
 
 
-def _llama(impl: str):
-    def build():
-        from transformers import LlamaConfig, LlamaModel
+def _audio_and_ids() -> dict[str, np.ndarray]:
+    return {**_audio(), "decoder_input_ids": np.random.default_rng(0).integers(0, VOCAB, (2, 5)).astype(np.int64)}
 
-        cfg = LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=HIDDEN,
-            intermediate_size=INTER,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            num_key_value_heads=HEADS // 2,
-            max_position_embeddings=64,
-            use_cache=False,
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(LlamaModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
 
-    return build
+def _encoder(net):
+    return net.get_encoder()
+
+
+NO_CACHE = {"use_cache": False}
+_bert = _hf(
+    "BertConfig",
+    "BertModel",
+    _ids,
+    {
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "intermediate_size": INTER,
+        "max_position_embeddings": 64,
+    },
+)
+_bart_encoder = _hf("BartConfig", "BartModel", _ids, {**SEQ2SEQ_SIZES, "max_position_embeddings": 64}, _encoder)
+_bart = _hf("BartConfig", "BartModel", _seq2seq_ids, {**SEQ2SEQ_SIZES, "max_position_embeddings": 64, **NO_CACHE})
+_vit = _hf(
+    "ViTConfig",
+    "ViTModel",
+    _pixels,
+    {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "intermediate_size": INTER,
+        "image_size": 16,
+        "patch_size": 4,
+        "num_channels": 3,
+    },
+    add_pooling_layer=False,
+)
+_whisper_encoder = _hf("WhisperConfig", "WhisperModel", _audio, {**SEQ2SEQ_SIZES, **WHISPER_SIZES}, _encoder)
+_whisper = _hf("WhisperConfig", "WhisperModel", _audio_and_ids, {**SEQ2SEQ_SIZES, **WHISPER_SIZES, **NO_CACHE})
+_gpt2 = _hf(
+    "GPT2Config",
+    "GPT2Model",
+    _ids,
+    {"vocab_size": VOCAB, "n_embd": HIDDEN, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64, **NO_CACHE},
+)
+_llama = _hf(
+    "LlamaConfig",
+    "LlamaModel",
+    _ids,
+    {
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS // 2,
+        "max_position_embeddings": 64,
+        **NO_CACHE,
+    },
+)
+_t5_encoder = _hf(
+    "T5Config",
+    "T5EncoderModel",
+    _ids,
+    {
+        "vocab_size": VOCAB,
+        "d_model": HIDDEN,
+        "d_kv": HIDDEN // HEADS,
+        "d_ff": INTER,
+        "num_layers": LAYERS,
+        "num_heads": HEADS,
+        "relative_attention_num_buckets": 8,
+        **NO_CACHE,
+    },
+)
+_deberta = _hf("DebertaV2Config", "DebertaV2Model", _ids, {"vocab_size": VOCAB, "hidden_size": HIDDEN,
+               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": INTER,
+               "max_position_embeddings": 64, "relative_attention": True, "position_buckets": 8,
+               "pos_att_type": ["p2c", "c2p"]})  # fmt: skip
 
 
 PAST = 5
@@ -276,111 +281,6 @@ def _llama_past(impl: str):
                            attn_implementation=impl)  # fmt: skip
 
     return _with_past(config, from_config, HEADS // 2)
-
-
-def _seq2seq_ids() -> dict[str, np.ndarray]:
-    feeds = _ids()
-    feeds["decoder_input_ids"] = np.random.default_rng(1).integers(0, VOCAB, (2, 5)).astype(np.int64)
-    return feeds
-
-
-def _bart(impl: str):
-    def build():
-        from transformers import BartConfig, BartModel
-
-        cfg = BartConfig(
-            vocab_size=VOCAB,
-            d_model=HIDDEN,
-            encoder_layers=LAYERS,
-            decoder_layers=LAYERS,
-            encoder_attention_heads=HEADS,
-            decoder_attention_heads=HEADS,
-            encoder_ffn_dim=INTER,
-            decoder_ffn_dim=INTER,
-            max_position_embeddings=64,
-            use_cache=False,
-            attn_implementation=impl,
-        )
-        feeds = _seq2seq_ids()
-        return _wrap(BartModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
-
-
-def _whisper(impl: str):
-    def build():
-        from transformers import WhisperConfig, WhisperModel
-
-        cfg = WhisperConfig(
-            vocab_size=VOCAB,
-            d_model=HIDDEN,
-            encoder_layers=LAYERS,
-            decoder_layers=LAYERS,
-            encoder_attention_heads=HEADS,
-            decoder_attention_heads=HEADS,
-            encoder_ffn_dim=INTER,
-            decoder_ffn_dim=INTER,
-            num_mel_bins=8,
-            max_source_positions=16,
-            max_target_positions=16,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
-            decoder_start_token_id=1,
-            use_cache=False,
-            attn_implementation=impl,
-        )
-        rng = np.random.default_rng(0)
-        feeds = {
-            "input_features": rng.standard_normal((2, 8, 32)).astype(np.float32),
-            "decoder_input_ids": rng.integers(0, VOCAB, (2, 5)).astype(np.int64),
-        }
-        return _wrap(WhisperModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
-
-
-def _t5_encoder(impl: str):
-    def build():
-        from transformers import T5Config, T5EncoderModel
-
-        cfg = T5Config(
-            vocab_size=VOCAB,
-            d_model=HIDDEN,
-            d_kv=HIDDEN // HEADS,
-            d_ff=INTER,
-            num_layers=LAYERS,
-            num_heads=HEADS,
-            relative_attention_num_buckets=8,
-            use_cache=False,
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(T5EncoderModel(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
-
-
-def _deberta(impl: str):
-    def build():
-        from transformers import DebertaV2Config, DebertaV2Model
-
-        cfg = DebertaV2Config(
-            vocab_size=VOCAB,
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=INTER,
-            max_position_embeddings=64,
-            relative_attention=True,
-            position_buckets=8,
-            pos_att_type=["p2c", "c2p"],
-            attn_implementation=impl,
-        )
-        feeds = _ids()
-        return _wrap(DebertaV2Model(cfg), list(feeds)), feeds, ["last_hidden_state"]
-
-    return build
 
 
 SPECS: dict[str, Spec] = {
