@@ -244,11 +244,15 @@ def _fuse_once(
         )
         # Only outputs whose program goes through the fused op are rewritten; the rest (a mask shared with
         # the next layer, a projection used elsewhere) keep their original nodes.
-        replacements = [
-            (out, emitter.value(class_of[out]))
-            for out in region.outputs
-            if out in class_of and _fused_ops(class_of[out], choice)
-        ]
+        try:
+            replacements = [
+                (out, emitter.value(class_of[out]))
+                for out in region.outputs
+                if out in class_of and _fused_ops(class_of[out], choice)
+            ]
+        except (ValueError, KeyError) as err:  # nothing was inserted yet: the region stays as it was
+            entry.reason = f"the fused form could not be written as ONNX: {err}"
+            continue
         anchor = region.nodes[-1]
         graph.insert_before(anchor, emitter.new_nodes)
         for old, new in replacements:

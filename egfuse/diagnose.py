@@ -96,8 +96,8 @@ def why_not(
     if "softmax" not in ops(softmax.outputs[0]):
         axis = softmax.attributes.get("axis")
         return f"softmax is not over the last axis (axis={axis.value if axis else 'default'})"
-    matmuls = [n for n in region.nodes if n.op_type == "MatMul" and n.inputs[0] is not None]
-    pv = next((n for n in matmuls if _feeds_from(n.inputs[0], softmax)), None)
+    matmuls = [n for n in region.nodes if n.op_type in ("MatMul", "Einsum") and n.inputs[0] is not None]
+    pv = next((n for n in matmuls if any(_feeds_from(v, softmax) for v in n.inputs if v is not None)), None)
     if pv is None:
         return "the softmax output is not multiplied by V (no MatMul consumes it)"
     if "probs" not in ops(softmax.outputs[0]):

@@ -154,7 +154,52 @@ class Lowerer:
             return self._call("transpose", args[0], _q(perm_string(perm)))
         if op == "Reshape":
             return self._reshape(node, args)
+        if op == "Einsum" and len(args) == 2:
+            return self._einsum(node, args)
         return None
+
+    def _einsum(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """A two-operand Einsum that is a (batched) MatMul, written with transposes and reshape meanings."""
+        equation = node.attributes["equation"].value.replace(" ", "")
+        if "..." in equation or "->" not in equation:
+            return None
+        lhs, out = equation.split("->")
+        terms = lhs.split(",")
+        if len(terms) != 2 or any(len(set(t)) != len(t) for t in (*terms, out)):
+            return None
+        a, b = terms
+        batch = [c for c in out if c in a and c in b]
+        contract = [c for c in a if c in b and c not in out]
+        m = [c for c in a if c not in b and c in out]
+        n = [c for c in b if c not in a and c in out]
+        if set(a) != set(batch + contract + m) or set(b) != set(batch + contract + n) or not contract:
+            return None
+        shape_b = self.facts.shape(node.inputs[1])
+        dims = dict(zip(b, shape_b, strict=True)) if shape_b is not None and len(shape_b) == len(b) else {}
+
+        def static(c: str) -> str | None:
+            d = dims.get(c)
+            return None if d is None or d.static is None else str(d.static)
+
+        left = self._permuted(args[0], a, batch + m + contract)
+        right = self._permuted(args[1], b, batch + contract + n)
+        if len(contract) == 2 and not batch and static(contract[1]):  # (…, c, d) @ (c, d, e): merge c·d
+            left = self._call("merge_heads", left, _q(static(contract[0]) or "?"), _q(static(contract[1])))
+            right = self._call("merge_lead", right, _q(static(contract[1])))
+        elif len(contract) != 1:
+            return None
+        if len(n) == 2 and not batch and static(n[0]) and static(n[1]):  # (…, c) @ (c, d, e): split d, e
+            product = self._call("matmul", left, self._call("merge_heads", right, _q(static(n[0])), _q(static(n[1]))))
+            result, order = self._call("split_heads", product, _q(static(n[0])), _q(static(n[1]))), batch + m + n
+        elif len(n) == 1 and len(m) >= 1 and (len(m) == 1 or not batch):
+            result, order = self._call("matmul", left, right), batch + m + n
+        else:
+            return None
+        return self._permuted(result, "".join(order), list(out))
+
+    def _permuted(self, term: str, have: str, want: list[str]) -> str:
+        perm = [have.index(c) for c in want]
+        return term if perm == sorted(perm) else self._call("transpose", term, _q(perm_string(perm)))
 
     def _repeat_heads(self, node: ir.Node, dst: tuple) -> str | None:
         """``Reshape(Expand(Unsqueeze(x, 2)), (B, N·r, T, H))``: repeat_kv, read as one meaning."""

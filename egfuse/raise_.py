@@ -86,6 +86,12 @@ class Emitter:
         if node.op == "zero_bias":
             weight = self.constant_array(node.args[0])
             return np.zeros(weight.shape[-1], weight.dtype)
+        if node.op == "merge_heads":  # (…, N, H) → (…, N·H) of a constant
+            weight = self.constant_array(node.args[0])
+            return weight.reshape(*weight.shape[:-2], -1)
+        if node.op == "merge_lead":  # (A, second, …) → (A·second, …) of a constant
+            weight = self.constant_array(node.args[0])
+            return weight.reshape(-1, *weight.shape[2:])
         value = self.value(cid)
         array = self.facts.weight(value)
         if array is None:
@@ -103,9 +109,30 @@ class Emitter:
             return int(self.ranks[cid])
         if emitted.shape is not None:
             return len(emitted.shape)
-        raise ValueError(f"rank of {emitted.name} unknown")
+        derived = self._derived_rank(cid, depth=0)
+        if derived is None:
+            raise ValueError(f"rank of {emitted.name} unknown")
+        return derived
 
-    def bias(self, cid: EClass, query: ir.Value, key: ir.Value, seq_axis: int) -> ir.Value | None:
+    def _derived_rank(self, cid: EClass, depth: int) -> int | None:
+        """The rank of a term the rules built, from its chosen constructor."""
+        if cid in self.ranks:
+            return int(self.ranks[cid])
+        node = self.choice[cid].node
+        if depth > 16:
+            return None
+        if node.op in ("mha", "mha_kv4", "packed_attention"):
+            return 3
+        if node.op in ("attend", "attend_z"):
+            return 4
+        if node.op == "transpose":
+            return len(node.args[1].split(","))
+        child = self._derived_rank(node.args[0], depth + 1) if node.children else None
+        if child is None:
+            return None
+        return child + {"split_heads": 1, "split_lead": 1, "merge_heads": -1, "merge_lead": -1}.get(node.op, 0)
+
+    def bias(self, cid: EClass, query: ir.Value, key: ir.Value, q_axis: int, k_axis: int) -> ir.Value | None:
         """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting."""
         if self.choice[cid].node.op == "no_bias":
             return None
@@ -114,8 +141,8 @@ class Emitter:
         if known is not None and len(known) == 4 and all(d is not None and d != Dim(1) for d in known[2:]):
             return mask
         ones = self.const(np.array([1, 1], np.int64), "ones")
-        s = self.node("Shape", [query], {"start": seq_axis, "end": seq_axis + 1})
-        t = self.node("Shape", [key], {"start": seq_axis, "end": seq_axis + 1})
+        s = self.node("Shape", [query], {"start": q_axis, "end": q_axis + 1})
+        t = self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
 

@@ -19,6 +19,7 @@ from egfuse.facts import GraphFacts
 VOCABULARY = frozenset({
     "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
+    "Einsum",  # tf2onnx writes projections and attention as Einsum
 })  # fmt: skip
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape"})  # Reshape: 3D (B·N, S, T) probabilities
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
@@ -56,7 +57,7 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
     for _ in range(4):
         # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping).
         users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
-        matmuls = [n for n in users if n.op_type == "MatMul" and n.inputs[0] is value]
+        matmuls = [n for n in users if n.op_type in ("MatMul", "Einsum") and value in n.inputs]
         if len(matmuls) == 1 and len(users) == 1:
             chain.append(matmuls[0])
             break
@@ -96,7 +97,7 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
         if node.op_type not in VOCABULARY or node.domain not in ("", "ai.onnx") or node.op_type == "Softmax":
             continue
         found.add(node)
-        if node.op_type == "MatMul" and _is_weight(node.inputs[1]):
+        if node.op_type in ("MatMul", "Einsum") and _is_weight(node.inputs[1]):
             continue  # a projection: its activation input is where the block starts
         for inp in node.inputs:
             if inp is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from egglog import String, f64, i64, rule, ruleset, set_
 
-from egfuse.lang import Tensor, finite, rank_of, scalar_of
+from egfuse.lang import Tensor, finite, is_weight, rank_of, scalar_of
 
 
 @ruleset
@@ -25,6 +25,9 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.mha_kv4(a, b, c, d, x, n)).then(set_(rank_of(Tensor.mha_kv4(a, b, c, d, x, n))).to(i64(3)))
     yield rule(Tensor.attend(a, b, c, d, x)).then(set_(rank_of(Tensor.attend(a, b, c, d, x))).to(i64(4)))
     yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1))
+    # A weight reshaped by a meaning is still a weight (tf2onnx's 3D Einsum projection weights).
+    yield rule(Tensor.merge_heads(a, n, h), is_weight(a)).then(is_weight(Tensor.merge_heads(a, n, h)))
+    yield rule(Tensor.merge_lead(a, n), is_weight(a)).then(is_weight(Tensor.merge_lead(a, n)))
     # Finiteness: what a softmax can never turn into NaN rows.
     yield rule(Tensor.no_bias()).then(finite(Tensor.no_bias()))
     yield rule(Tensor.full_like(a, x), x >= f64(-1.7e308), x <= f64(1.7e308)).then(finite(Tensor.full_like(a, x)))

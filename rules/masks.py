@@ -44,6 +44,13 @@ def rules(
         scalar_of(c) == f,
         f <= fill,
     )
+    # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added).
+    for select_then_add in (Tensor.add(Tensor.where(m, x, c), b), Tensor.add(b, Tensor.where(m, x, c))):
+        yield rewrite(Tensor.softmax(select_then_add)).to(
+            Tensor.softmax(Tensor.add(x, Tensor.add(Tensor.where(m, Tensor.full_like(c, 0.0), c), b))),
+            scalar_of(c) == f,
+            f <= fill,
+        )
     # Scaling a select-masked tensor scales both branches (exact, elementwise).
     yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
         Tensor.where(m, Tensor.mul(x, d), Tensor.mul(c, d)), scalar_of(c) == f, scalar_of(d) == g

@@ -18,6 +18,8 @@ def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String,
     yield rule(Tensor.matmul(q, Tensor.transpose(x, p)), eq(rank_of(q)).to(i64(4)), pk == swap_last2(p)).then(
         union(Tensor.matmul(q, Tensor.transpose(x, p))).with_(Tensor.scores(q, Tensor.transpose(x, pk), 1.0))
     )
+    # (q @ kᵀ)ᵀ = k @ qᵀ: an Einsum that writes the scores transposed names Q and K the other way round.
+    yield rewrite(Tensor.transpose(Tensor.scores(q, k, s), "0,1,3,2")).to(Tensor.scores(k, q, s))
     # A scale applied to the scores …
     yield rewrite(Tensor.mul(Tensor.scores(q, k, s), c)).to(Tensor.scores(q, k, s * f), scalar_of(c) == f)
     yield rewrite(Tensor.div(Tensor.scores(q, k, s), c)).to(

@@ -22,6 +22,7 @@ FUSES = [
     "bert_attention.onnx", "bert_attention_pruned.onnx", "bert_attention_pruned_reverse_add_order.onnx",
     "bert_attention_varied_qkv.onnx", "bart_sdpa_attention_with_mask.onnx", "bart_sdpa_attention_no_mask.onnx",
     "conformer_simple_bias.onnx", "conformer_no_add_kv.onnx", "conformer_qk_div_masking.onnx",
+    "gpt2_attention_past.onnx", "gpt2_attention_past_reverse_add_order.onnx", "bert_tf2onnx_attention_3d.onnx",
 ]  # fmt: skip
 NOT_FUSED = {
     "conformer_self_mha.onnx": "softmax is not over the last axis",  # axis=2 and cannot run: pattern-only graph

@@ -25,11 +25,17 @@ class OnnxTarget(Target):
     fused_costs = {"attend": 12.0, "attend_z": 12.0, "mha": 12.0}  # noqa: RUF012
     opsets = {"": 23}  # noqa: RUF012
 
+    def cost(self, node: ENode) -> float | None:
+        # onnxruntime rejects a non-positive ``scale`` attribute on the standard op.
+        if node.op in self.fused_costs and float(node.args[4]) <= 0:
+            return None
+        return super().cost(node)
+
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
         q, k, v, bias, scale = node.args[:5]
         seq_axis = 1 if node.op == "mha" else 2
         inputs = [e.value(q), e.value(k), e.value(v)]
-        mask = e.bias(bias, inputs[0], inputs[1], seq_axis)
+        mask = e.bias(bias, inputs[0], inputs[1], seq_axis, seq_axis)
         attrs: dict[str, object] = {"scale": float(scale)}
         if node.op == "mha":
             heads = int(node.args[5])

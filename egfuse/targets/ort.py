@@ -27,17 +27,18 @@ class OrtTarget(Target):
         if node.op in ("mha", "mha_kv4"):
             q, k, v, bias, scale, heads = node.args
             inputs = [e.value(q), e.value(k), e.value(v)]
-            mask = e.bias(bias, inputs[0], inputs[1], 1)
+            # (B, S, N·H) query; key (B, T, N·H) for mha, (B, N, T, H) for mha_kv4
+            mask = e.bias(bias, inputs[0], inputs[1], 1, 1 if node.op == "mha" else 2)
             attrs = {"num_heads": int(heads), "scale": float(scale)}
             args = [*inputs, None, None, mask] if mask is not None else inputs
             return e.node("MultiHeadAttention", args, attrs, domain="com.microsoft", like=inputs[0])
         x, wq, wk, wv, bq, bk, bv, bias, scale, heads = node.args
         xv = e.value(x)
         weights = [e.constant_array(c) for c in (wq, wk, wv)]
-        biases = [e.constant_array(c) for c in (bq, bk, bv)]
+        biases = [_flat_bias(e.constant_array(c)) for c in (bq, bk, bv)]
         w = e.initializer(np.concatenate(weights, axis=1), "qkv_weight")
         b = e.initializer(np.concatenate(biases, axis=0), "qkv_bias")
-        mask = e.bias(bias, xv, xv, 1)
+        mask = e.bias(bias, xv, xv, 1, 1)
         attrs: dict[str, object] = {"num_heads": int(heads), "scale": float(scale)}
         sizes = [int(a.shape[1]) for a in weights]
         if len(set(sizes)) > 1:
@@ -47,3 +48,10 @@ class OrtTarget(Target):
 
     def op_name(self, node: ENode) -> str:
         return "Attention" if node.op == "packed_attention" else "MultiHeadAttention"
+
+
+def _flat_bias(bias: np.ndarray) -> np.ndarray:
+    """A projection bias as the 1-D vector packed Attention wants ((1, 1, N·H) → (N·H,))."""
+    if bias.size != bias.shape[-1]:
+        raise ValueError(f"a bias of shape {bias.shape} does not pack into Attention's 1-D bias")
+    return bias.reshape(-1)
