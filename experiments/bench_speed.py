@@ -6,7 +6,7 @@ Tiny random BERTs (hidden 64, 4 heads, SDPA attention, dynamo export) at several
 The time is the optimizer's own, from the model file to the optimized model in memory (imports excluded:
 they are the same constant for every run of a tool); peak RSS is the worker's.
 
-    python experiments/bench_speed.py                 # 2/12/24/48 layers, 3 repetitions
+    python experiments/bench_speed.py                 # BERT and Llama at 2/12/24/48 layers, 3 repetitions
     python experiments/bench_speed.py --layers 2 12 --reps 1     # quick look
 
 Writes experiments/results/optimize_speed.json, speed.md, optimize_seconds.png (with matplotlib) and the
@@ -31,25 +31,35 @@ TOOLS = ["egfuse:ort:novalidate", "egfuse:ort", "egfuse:onnx:novalidate", "onnxs
 HIDDEN, HEADS = 64, 4
 
 
-def export_bert(layers: int) -> Path:
-    path = MODELS / f"bert_{layers}l.dynamo.onnx"
+FAMILIES = {  # model family → (transformers config, model, sizes at a given depth, ORT model_type)
+    "bert": ("BertConfig", "BertModel", lambda n: {"vocab_size": 99, "hidden_size": HIDDEN, "num_hidden_layers": n,
+             "num_attention_heads": HEADS, "intermediate_size": 4 * HIDDEN, "max_position_embeddings": 64}, "bert"),
+    "llama": ("LlamaConfig", "LlamaModel", lambda n: {"vocab_size": 99, "hidden_size": HIDDEN, "num_hidden_layers": n,
+              "num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2, "intermediate_size": 4 * HIDDEN,
+              "max_position_embeddings": 64, "use_cache": False}, "gpt2"),
+}  # fmt: skip
+
+
+def export(family: str, layers: int) -> Path:
+    """A tiny random model of the family at the given depth (SDPA attention, dynamo export), cached."""
+    path = MODELS / f"{family}_{layers}l.dynamo.onnx"
     if path.exists():
         return path
     sys.path.insert(0, str(HERE))
     import corpus
 
-    corpus.HIDDEN, corpus.LAYERS = HIDDEN, layers
-    spec = corpus.Spec(f"bert_{layers}l", corpus._bert("sdpa"), layers, ["mha"])
+    config, model, sizes, _ = FAMILIES[family]
+    build = corpus._hf(config, model, corpus._ids, sizes(layers))("sdpa")
     MODELS.mkdir(parents=True, exist_ok=True)
-    entry = corpus.export(spec, "dynamo", MODELS)
+    entry = corpus.export(corpus.Spec(f"{family}_{layers}l", build, layers, []), "dynamo", MODELS)
     if entry.error:
-        raise SystemExit(f"export of {layers}-layer BERT failed: {entry.error}")
+        raise SystemExit(f"export of the {layers}-layer {family} failed: {entry.error}")
     return path
 
 
-def run_tool(tool: str, model: Path, timeout: float) -> dict:
+def run_tool(tool: str, model: Path, model_type: str, timeout: float) -> dict:
     cmd = [sys.executable, str(HERE / "optimize_worker.py"), tool, str(model), "--heads", str(HEADS),
-           "--hidden", str(HIDDEN)]  # fmt: skip
+           "--hidden", str(HIDDEN), "--model-type", model_type]  # fmt: skip
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -81,57 +91,57 @@ def update_summary(key: str, value) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 12, 24, 48])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tools", nargs="+", default=TOOLS)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    models = {layers: export_bert(layers) for layers in args.layers}
-    runs: dict[str, dict[int, list[dict]]] = {t: {layers: [] for layers in args.layers} for t in args.tools}
-    total = args.reps * len(args.layers) * len(args.tools)
+    models = {(f, n): export(f, n) for f in args.families for n in args.layers}
+    runs = {f: {t: {n: [] for n in args.layers} for t in args.tools} for f in args.families}
+    total = args.reps * len(models) * len(args.tools)
     done = 0
     for rep in range(args.reps):
-        for layers in args.layers:
+        for (family, layers), path in models.items():
             for tool in args.tools:  # interleaved: each tool sees the same machine state on average
-                record = run_tool(tool, models[layers], args.timeout)
-                runs[tool][layers].append(record)
+                record = run_tool(tool, path, FAMILIES[family][3], args.timeout)
+                runs[family][tool][layers].append(record)
                 done += 1
                 status = f"{record['seconds']:.2f}s" if record.get("ok") else record.get("error", "?")[:60]
-                print(f"[{done:>3}/{total}] rep {rep + 1} {layers:>3} layers {tool:<24} {status}", flush=True)
+                print(f"[{done:>3}/{total}] rep {rep + 1} {family} {layers:>3} layers {tool:<24} {status}", flush=True)
 
-    table: dict[str, dict[int, dict]] = {}
-    for tool, by_layers in runs.items():
-        table[tool] = {}
-        for layers, records in by_layers.items():
-            ok = [r for r in records if r.get("ok")]
-            table[tool][layers] = {
-                "median_seconds": statistics.median(r["seconds"] for r in ok) if ok else None,
-                "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
-                "fused": ok[0]["fused"] if ok else None,
-                "errors": [r["error"] for r in records if not r.get("ok")],
-            }
     deepest = max(args.layers)
-    base = table.get("egfuse:ort:novalidate", {}).get(deepest, {}).get("median_seconds")
-    ratios = {}
-    for tool in args.tools:
-        t = table[tool][deepest]["median_seconds"]
-        if base and t:
-            ratios[tool] = t / base
-    result = {
-        "layers": args.layers,
-        "reps": args.reps,
-        "model": f"tiny BERT, hidden {HIDDEN}, {HEADS} heads, SDPA, dynamo export",
-        "table": table,
-        "seconds_ratio_vs_egfuse_at_deepest": ratios,
-        "versions": versions(),
-    }
+    result = {"layers": args.layers, "reps": args.reps, "families": {}, "versions": versions(),
+              "model": f"tiny random models, hidden {HIDDEN}, {HEADS} heads (Llama: {HEADS // 2} KV heads), SDPA "
+                       "attention, dynamo export"}  # fmt: skip
+    ratios_vs_onnxscript = {}
+    for family, by_tool in runs.items():
+        table = {
+            tool: {n: _summarize(records) for n, records in by_layers.items()} for tool, by_layers in by_tool.items()
+        }
+        base = table.get("egfuse:ort:novalidate", {}).get(deepest, {}).get("median_seconds")
+        ratios = {t: table[t][deepest]["median_seconds"] / base for t in args.tools
+                  if base and table[t][deepest]["median_seconds"]}  # fmt: skip
+        result["families"][family] = {"table": table, "seconds_ratio_vs_egfuse_at_deepest": ratios}
+        if "onnxscript" in ratios:
+            ratios_vs_onnxscript[family] = round(1 / ratios["onnxscript"], 4)
     (RESULTS / "optimize_speed.json").write_text(json.dumps(result, indent=1) + "\n")
-    onnxscript = table.get("onnxscript", {}).get(deepest, {}).get("median_seconds")
-    if base and onnxscript:
-        update_summary("optimize_seconds_ratio_vs_onnxscript", round(base / onnxscript, 4))
+    if "bert" in ratios_vs_onnxscript:
+        update_summary("optimize_seconds_ratio_vs_onnxscript", ratios_vs_onnxscript["bert"])
+    update_summary("optimize_seconds_ratio_vs_onnxscript_by_family", ratios_vs_onnxscript)
     write_markdown(result)
     plot(result)
     return 0
+
+
+def _summarize(records: list[dict]) -> dict:
+    ok = [r for r in records if r.get("ok")]
+    return {
+        "median_seconds": statistics.median(r["seconds"] for r in ok) if ok else None,
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
+        "fused": ok[0]["fused"] if ok else None,
+        "errors": [r["error"] for r in records if not r.get("ok")],
+    }
 
 
 def write_markdown(result: dict) -> None:
@@ -139,23 +149,22 @@ def write_markdown(result: dict) -> None:
     lines = [
         "# Optimizer speed",
         "",
-        f"Model: {result['model']}. Median of {result['reps']} interleaved runs, each in its own process; "
-        "seconds are the optimizer's own (model file → optimized model in memory).",
-        "",
-        "| tool | " + " | ".join(f"{n} layers" for n in layers) + " | fused at deepest | peak RSS at deepest |",
-        "|---|" + "---|" * (len(layers) + 2),
+        f"Models: {result['model']}. Median of {result['reps']} interleaved runs, each in its own process; "
+        "seconds are the optimizer's own (model file → optimized model in memory), peak RSS is the process's.",
     ]
-    for tool, by_layers in result["table"].items():
-        cells = []
-        for n in layers:
-            entry = by_layers[n]
-            cells.append(f"{entry['median_seconds']:.2f} s" if entry["median_seconds"] else "failed")
-        deepest = by_layers[max(layers)]
-        fused = ", ".join(f"{k} {v}" for k, v in (deepest["fused"] or {}).items()) or "none"
-        rss = f"{deepest['peak_rss_mb']:.0f} MB" if deepest["peak_rss_mb"] else "-"
-        lines.append(f"| {tool} | " + " | ".join(cells) + f" | {fused} | {rss} |")
-    lines += ["", f"Seconds relative to egfuse (ort target, no validation) at {max(layers)} layers:", ""]
-    lines += [f"- {tool}: {ratio:.2f}×" for tool, ratio in result["seconds_ratio_vs_egfuse_at_deepest"].items()]
+    for family, data in result["families"].items():
+        header = " | ".join(f"{n} layers" for n in layers)
+        lines += ["", f"## {family}", "", f"| tool | {header} | fused at deepest | peak RSS at deepest |",
+                  "|---|" + "---|" * (len(layers) + 2)]  # fmt: skip
+        for tool, by_layers in data["table"].items():
+            cells = [f"{by_layers[n]['median_seconds']:.2f} s" if by_layers[n]["median_seconds"] else "failed"
+                     for n in layers]  # fmt: skip
+            deepest = by_layers[max(layers)]
+            fused = ", ".join(f"{k} {v}" for k, v in (deepest["fused"] or {}).items()) or "none"
+            rss = f"{deepest['peak_rss_mb']:.0f} MB" if deepest["peak_rss_mb"] else "-"
+            lines.append(f"| {tool} | " + " | ".join(cells) + f" | {fused} | {rss} |")
+        lines += ["", f"Seconds relative to egfuse (ort target, no validation) at {max(layers)} layers:", ""]
+        lines += [f"- {tool}: {r:.2f}×" for tool, r in data["seconds_ratio_vs_egfuse_at_deepest"].items()]
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
     (RESULTS / "speed.md").write_text("\n".join(lines))
 
@@ -169,15 +178,17 @@ def plot(result: dict) -> None:
     except ImportError:
         print("matplotlib not installed: no plot")
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for tool, by_layers in result["table"].items():
-        xs = [n for n in result["layers"] if by_layers[n]["median_seconds"]]
-        ax.plot(xs, [by_layers[n]["median_seconds"] for n in xs], marker="o", label=tool)
-    ax.set_xlabel("layers")
-    ax.set_ylabel("optimize seconds (median)")
-    ax.set_title("Attention fusion time vs depth (tiny BERT)")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    families = result["families"]
+    fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4), squeeze=False)
+    for ax, (family, data) in zip(axes[0], families.items(), strict=True):
+        for tool, by_layers in data["table"].items():
+            xs = [n for n in result["layers"] if by_layers[n]["median_seconds"]]
+            ax.plot(xs, [by_layers[n]["median_seconds"] for n in xs], marker="o", label=tool)
+        ax.set_xlabel("layers")
+        ax.set_ylabel("optimize seconds (median)")
+        ax.set_title(f"Attention fusion time vs depth (tiny {family})")
+        ax.grid(alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS / "optimize_seconds.png", dpi=120)
 

@@ -36,14 +36,14 @@ def table() -> str:
     if speed.exists():
         data = json.loads(speed.read_text())
         deepest = max(data["layers"])
-        t = data["table"]
+        t = data["families"]["bert"]["table"] if "families" in data else data["table"]
 
         def cell(tool: str) -> str:
             s = t.get(tool, {}).get(str(deepest)) or t.get(tool, {}).get(deepest)
             return f"{s['median_seconds']:.2f} s" if s and s.get("median_seconds") else "-"
 
         lines += [
-            f"Optimizer time on a {deepest}-layer tiny BERT (median of {data['reps']} interleaved runs, "
+            f"Optimizer time on a {deepest}-layer tiny BERT (median of {data['reps']} interleaved runs; Llama in "
             "`experiments/results/speed.md`):",
             "",
             "| egfuse (ort) | egfuse (ort, with validation) | onnxscript | onnxruntime optimizer |",
