@@ -30,6 +30,7 @@ class Report:
     validation_note: str | None = None
     max_abs_diff: float | None = None  # over the graph outputs
     stats: dict[str, float | int | str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # target-wide caveats worth knowing
 
     @property
     def fused(self) -> int:
@@ -62,6 +63,7 @@ class Report:
             lines.append(f"  onnxruntime validation: {verdict}{diff}")
         if self.validation_note:
             lines.append(f"  note: {self.validation_note}")
+        lines.extend(f"  note: {n}" for n in self.notes)
         if self.regions:
             lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<34} details")
         for r in self.regions:
