@@ -228,7 +228,7 @@ class Lowerer:
         default = -1 if self.opset >= 13 else 1
         axis = node.attributes.get("axis")
         axis = default if axis is None else axis.value
-        if rank is None or axis % rank != rank - 1:
+        if axis != -1 and (rank is None or axis % rank != rank - 1):  # -1 is the last axis whatever the rank
             return None
         return self._call("softmax", arg)
 
