@@ -7,6 +7,7 @@ exact for everything the lowering has to decide.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -31,6 +32,7 @@ class Dim:
         return None
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def parse(text: str) -> Dim:
         """A product as exporters write it ("4*batch", "s0*s1"); anything else is one opaque symbol."""
         factors = [f.strip() for f in text.split("*")]

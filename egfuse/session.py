@@ -123,10 +123,14 @@ class Session:
             "is_weight": {},
             "finite": {},
         }
-        ids: dict[bindings.Value, int] = {}
+
+        classes_by_value: dict[bindings.Value, EClass] = {}
 
         def cid(value: bindings.Value) -> EClass:
-            return EClass(ids.setdefault(value, len(ids)))
+            found = classes_by_value.get(value)
+            if found is None:
+                found = classes_by_value[value] = EClass(len(classes_by_value))
+            return found
 
         tensor_sort = self._sort_name()
         convert = {

@@ -69,7 +69,21 @@ def render(path: Path, body: str) -> bool:
     return True
 
 
+def latency_into_speed_md() -> None:
+    """speed.md carries the fused-model latency table too (one page for every speed figure)."""
+    latency, speed = RESULTS / "latency.json", RESULTS / "speed.md"
+    if not (latency.exists() and speed.exists()):
+        return
+    text = speed.read_text().split("\n## Fused-model latency")[0].rstrip()
+    table = json.loads(latency.read_text())["markdown_table"]
+    speed.write_text(
+        f"{text}\n\n## Fused-model latency on onnxruntime CPU\n\nBatch 1, median of interleaved runs; "
+        f"ratio to the unfused export in parentheses (`latency.json`).\n\n{table}\n"
+    )
+
+
 def main() -> int:
+    latency_into_speed_md()
     body = table()
     for path in (ROOT / "README.md", ROOT / "paper" / "egfuse.md"):
         if path.exists() and render(path, body):

@@ -53,14 +53,17 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     yield rewrite(Tensor.split_lead(Tensor.add(x, c), n)).to(
         Tensor.add(Tensor.split_lead(x, n), Tensor.split_lead(c, n)), eq(dim_of(x, i64(0))).to(dim_of(c, i64(0)))
     )
-    # Elementwise scalars move through layout ops (they broadcast the same way before and after).
-    for layout in (
-        lambda t: Tensor.transpose(t, p),
-        lambda t: Tensor.split_heads(t, n, h),
-        lambda t: Tensor.merge_heads(t, n, h),
-        lambda t: Tensor.merge_lead(t, n),
-        lambda t: Tensor.split_lead(t, n),
+    # Elementwise scalars move through layout ops (they broadcast the same way before and after): outward,
+    # towards the MatMul that absorbs them; both ways through the batch merge, where 3D attention
+    # (DeBERTa) scales inside the merge what the 4D form needs outside it.
+    for layout, both_ways in (
+        (lambda t: Tensor.transpose(t, p), False),
+        (lambda t: Tensor.split_heads(t, n, h), False),
+        (lambda t: Tensor.merge_heads(t, n, h), False),
+        (lambda t: Tensor.merge_lead(t, n), True),
+        (lambda t: Tensor.split_lead(t, n), True),
     ):
-        yield birewrite(layout(Tensor.mul(x, c))).to(Tensor.mul(layout(x), c), scalar_of(c) == f)
-        yield birewrite(layout(Tensor.div(x, c))).to(Tensor.div(layout(x), c), scalar_of(c) == f)
+        move = birewrite if both_ways else rewrite
+        yield move(layout(Tensor.mul(x, c))).to(Tensor.mul(layout(x), c), scalar_of(c) == f)
+        yield move(layout(Tensor.div(x, c))).to(Tensor.div(layout(x), c), scalar_of(c) == f)
         yield birewrite(layout(Tensor.nan_to_zero(x, z))).to(Tensor.nan_to_zero(layout(x), z))

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Regenerate every figure in experiments/results/ and the tables of README.md and paper/ (~45 min, 2 cores).
+# Needs the corpus extra: pip install -e '.[corpus]'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python experiments/corpus.py --out experiments/corpus/hf
+python experiments/compare.py
+python experiments/bench_speed.py
+python experiments/bench_latency.py
+python experiments/render_results.py
