@@ -65,3 +65,25 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
     else:
         assert not out.exists()
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_feeds_from_npz_are_used_for_validation(tmp_path):
+    import numpy as np
+
+    model = attention_model(Variant(mask="padding_int"))
+    src, out, feeds = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "feeds.npz"
+    onnx.save(model, src)
+    np.savez(feeds, **feeds_for(model, seed=3, batch=3, seq=6))
+    proc = egfuse_cli("optimize", str(src), "-o", str(out), "--feeds", str(feeds))
+    assert proc.returncode == 0, proc.stderr
+    assert "validation: passed" in proc.stdout
+    assert_same_outputs(model, onnx.load(out), feeds_for(model, seed=3, batch=3, seq=6))
+
+
+def test_missing_feeds_file_is_a_one_line_error(tmp_path):
+    src = tmp_path / "in.onnx"
+    onnx.save(attention_model(Variant()), src)
+    proc = egfuse_cli("optimize", str(src), "-o", str(tmp_path / "out.onnx"), "--feeds", str(tmp_path / "no.npz"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("egfuse: error: file ") and "no such file" in proc.stderr
+    assert not (tmp_path / "out.onnx").exists()
