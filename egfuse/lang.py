@@ -20,7 +20,6 @@ import itertools
 from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Like, relation
 
 __all__ = [
-    "PERM_SWAP_LAST2",
     "Tensor",
     "dim_of",
     "finite",
@@ -190,8 +189,6 @@ is_weight = relation("is_weight", Tensor)
 finite = relation("finite", Tensor)
 """Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""
 
-PERM_SWAP_LAST2 = {3: "0,2,1", 4: "0,1,3,2"}
-
 
 def perm_string(perm: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(int(p)) for p in perm)
@@ -225,8 +222,4 @@ def constructor_names() -> list[str]:
     return list(cls.class_methods)
 
 
-def identity_perm(rank: int) -> str:
-    return perm_string(range(rank))
-
-
-__all__ += ["constructor_names", "identity_perm", "swap_table"]
+__all__ += ["constructor_names", "swap_table"]

@@ -22,7 +22,6 @@ ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
 class LoadedModel:
     proto: onnx.ModelProto
     source: str  # a path or "<ModelProto>"
-    base_dir: str | None  # where external data lives
     external_data: bool = False  # weights were stored outside the .onnx file: keep them outside
 
     @property
@@ -39,9 +38,9 @@ def default_opset(proto: onnx.ModelProto) -> int:
 
 def load(model: ModelLike) -> LoadedModel:
     if isinstance(model, onnx.ModelProto):
-        loaded = LoadedModel(model, "<ModelProto>", None)
+        loaded = LoadedModel(model, "<ModelProto>")
     elif isinstance(model, ir.Model):
-        loaded = LoadedModel(ir.serde.serialize_model(model), "<onnx_ir.Model>", None)
+        loaded = LoadedModel(ir.serde.serialize_model(model), "<onnx_ir.Model>")
     elif isinstance(model, str | os.PathLike):
         loaded = _load_path(Path(model))
     else:
@@ -68,7 +67,7 @@ def _load_path(path: Path) -> LoadedModel:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, ValueError) as err:
         raise EgfuseError(f"external data could not be read: {err}", path=str(path)) from None
-    return LoadedModel(proto, str(path), str(path.parent), external)
+    return LoadedModel(proto, str(path), external)
 
 
 def _check(loaded: LoadedModel) -> None:

@@ -137,7 +137,7 @@ class Emitter:
         if self.choice[cid].node.op == "no_bias":
             return None
         mask = self.value(cid)
-        known = self.facts.shape(self.leaf_value(cid)) if self.leaf_value(cid) is not None else None
+        known = self.facts.shape(self.leaf_value(cid))  # None for a term the rules built
         if known is not None and len(known) == 4 and all(d is not None and d != Dim(1) for d in known[2:]):
             return mask
         ones = self.const(np.array([1, 1], np.int64), "ones")
