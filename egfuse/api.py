@@ -250,7 +250,7 @@ def _fuse_once(
                 (out, emitter.value(class_of[out]))
                 for out in region.outputs
                 if out in class_of and _fused_ops(class_of[out], choice)
-            ]
+            ] + emitter.also_replace
         except (ValueError, KeyError) as err:  # nothing was inserted yet: the region stays as it was
             entry.reason = f"the fused form could not be written as ONNX: {err}"
             continue

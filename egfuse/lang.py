@@ -22,6 +22,7 @@ from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Lik
 __all__ = [
     "Tensor",
     "dim_of",
+    "dtype_of",
     "finite",
     "is_weight",
     "perm_string",
@@ -166,6 +167,11 @@ def scalar_of(x: Tensor) -> f64:
 @function(merge=lambda old, new: old)
 def rank_of(x: Tensor) -> i64:
     """The rank of a tensor, where known."""
+
+
+@function(merge=lambda old, new: old)
+def dtype_of(x: Tensor) -> i64:
+    """The ONNX element type (TensorProto enum) of a tensor, where known."""
 
 
 @function(merge=lambda old, new: old)

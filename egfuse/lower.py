@@ -69,6 +69,8 @@ class Lowerer:
 
     def _facts(self, value: ir.Value, term: str, leaf: bool) -> None:
         cmds = self.table.commands
+        if value.dtype is not None:
+            cmds.append(f"(set ({self.n['dtype_of']} {term}) {int(value.dtype)})")
         rank = self.facts.rank(value)
         if rank is not None:
             cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from egfuse.dims import Dim
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
+from egfuse.kv_cache import CacheConcat, depends_on, find_cache
 from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
 from egfuse.targets.base import FUSED, Target
@@ -46,6 +47,8 @@ class Emitter:
         self.created: set[ir.Value] = set()
         self._fused_memo: dict[EClass, bool] = {}
         self._counter = 0
+        self.also_replace: list[tuple[ir.Value, ir.Value]] = []
+        """Values outside the region the emitted ops stand in for (a KV cache's Concat outputs)."""
 
     # --- building blocks for targets -------------------------------------------------------------------------
     def _name(self, hint: str) -> str:
@@ -60,16 +63,61 @@ class Emitter:
         domain: str = "",
         like: ir.Value | None = None,
     ) -> ir.Value:
+        return self.node_outputs(op, inputs, attrs, domain, like)[0]
+
+    def node_outputs(
+        self,
+        op: str,
+        inputs: list[ir.Value | None],
+        attrs: dict[str, object] | None = None,
+        domain: str = "",
+        like: ir.Value | None = None,
+        count: int = 1,
+    ) -> list[ir.Value]:
+        name = self._name(op)
         node = ir.Node(
-            domain, op, inputs, attributes=ir.convenience.convert_attributes(attrs or {}), name=self._name(op)
+            domain, op, inputs, attributes=ir.convenience.convert_attributes(attrs or {}), name=name, num_outputs=count
         )
-        out = node.outputs[0]
-        out.name = node.name
+        for i, out in enumerate(node.outputs):
+            out.name = name if i == 0 else f"{name}/{i}"
+            self.created.add(out)
         if like is not None and like.dtype is not None:
-            out.dtype = like.dtype
+            node.outputs[0].dtype = like.dtype
         self.new_nodes.append(node)
-        self.created.add(out)
+        return list(node.outputs)
+
+    def cache_for(self, key: ir.Value, value: ir.Value, others: list[ir.Value | None]) -> CacheConcat | None:
+        """The KV-cache Concats an attention over ``key``/``value`` can absorb (see :mod:`egfuse.kv_cache`)."""
+        if key in self.created or value in self.created:
+            return None
+        cache = find_cache(key, value, self.facts)
+        if cache is None:
+            return None
+        reads = [*others, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
+        return None if depends_on(reads, {cache.present_key, cache.present_value}) else cache
+
+    def with_cache(
+        self,
+        op: str,
+        inputs: list[ir.Value | None],
+        attrs: dict,
+        domain: str,
+        like: ir.Value,
+        cache: CacheConcat | None,
+    ) -> ir.Value:
+        """The fused node; with a cache, its present outputs stand in for the cache's Concat outputs."""
+        if cache is None:
+            return self.node(op, inputs, attrs, domain, like)
+        out, present_key, present_value = self.node_outputs(op, inputs, attrs, domain, like, count=3)
+        for old, new in ((cache.present_key, present_key), (cache.present_value, present_value)):
+            new.dtype, new.shape = old.dtype, old.shape
+            self.also_replace.append((old, new))
         return out
+
+    def key_length(self, cache: CacheConcat) -> ir.Value:
+        """past + new sequence length, without reading the Concat the op replaces."""
+        lengths = [self.node("Shape", [v], {"start": 2, "end": 3}) for v in (cache.past_key, cache.new_key)]
+        return self.node("Add", lengths)
 
     def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
         return self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
@@ -132,8 +180,11 @@ class Emitter:
             return None
         return child + {"split_heads": 1, "split_lead": 1, "merge_heads": -1, "merge_lead": -1}.get(node.op, 0)
 
-    def bias(self, cid: EClass, query: ir.Value, key: ir.Value, q_axis: int, k_axis: int) -> ir.Value | None:
-        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting."""
+    def bias(
+        self, cid: EClass, query: ir.Value, key: ir.Value, q_axis: int, k_axis: int, key_length: ir.Value | None = None
+    ) -> ir.Value | None:
+        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting.
+        ``key_length`` overrides T (read from ``key``'s shape otherwise)."""
         if self.choice[cid].node.op == "no_bias":
             return None
         mask = self.value(cid)
@@ -142,7 +193,7 @@ class Emitter:
             return mask
         ones = self.const(np.array([1, 1], np.int64), "ones")
         s = self.node("Shape", [query], {"start": q_axis, "end": q_axis + 1})
-        t = self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
+        t = key_length if key_length is not None else self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
 

@@ -60,7 +60,7 @@ class Session:
         self.egraph = egglog.EGraph()
         self._raw: bindings.EGraph = self.egraph._egraph
         functions = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
-        for fact in ("scalar_of", "rank_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
+        for fact in ("scalar_of", "rank_of", "dtype_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
             functions[fact] = getattr(lang, fact)
         self.names: dict[str, str] = egg_names(self.egraph, functions)
         self.names["ref"] = "egfuse_ref"

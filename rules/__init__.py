@@ -5,18 +5,21 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``layout``    — transpose composition, reshape inverses, scalars and guards moving through layout ops
 * ``scale``     — every placement of the 1/√d scale folds into ``scores``' scale
 * ``masks``     — select masks become additive, bias and scale distribute, the NaN guard is recognised
+* ``precision`` — a half-precision model's float32 softmax (Cast → Softmax → Cast) is its softmax
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
 from __future__ import annotations
 
-from egfuse.rules import attention, commute, facts, layout, masks, ort, scale
+from egfuse.rules import attention, commute, facts, layout, masks, ort, precision, scale
 from egglog import Ruleset
 
-CORE: Ruleset = facts.rules | commute.rules | layout.rules | scale.rules | masks.rules | attention.rules
+CORE: Ruleset = (
+    facts.rules | commute.rules | layout.rules | scale.rules | masks.rules | precision.rules | attention.rules
+)
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
 
-__all__ = ["CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "scale"]
+__all__ = ["CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "precision", "scale"]

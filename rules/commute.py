@@ -21,3 +21,6 @@ def rules(a: Tensor, b: Tensor, q: Tensor, k: Tensor, s: f64, x: f64, p: String)
     yield rewrite(Tensor.add(Tensor.add(Tensor.scores(q, k, s), a), b)).to(
         Tensor.add(Tensor.scores(q, k, s), Tensor.add(a, b))
     )
+    yield rewrite(Tensor.add(b, Tensor.add(Tensor.scores(q, k, s), a))).to(
+        Tensor.add(Tensor.scores(q, k, s), Tensor.add(a, b))
+    )

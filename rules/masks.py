@@ -44,13 +44,18 @@ def rules(
         scalar_of(c) == f,
         f <= fill,
     )
-    # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added).
-    for select_then_add in (Tensor.add(Tensor.where(m, x, c), b), Tensor.add(b, Tensor.where(m, x, c))):
-        yield rewrite(Tensor.softmax(select_then_add)).to(
-            Tensor.softmax(Tensor.add(x, Tensor.add(Tensor.where(m, Tensor.full_like(c, 0.0), c), b))),
-            scalar_of(c) == f,
-            f <= fill,
-        )
+    # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added), either
+    # polarity, either operand order.
+    zero = Tensor.full_like(c, 0.0)
+    polarities = (
+        (Tensor.where(m, x, c), Tensor.where(m, zero, c)),
+        (Tensor.where(m, c, x), Tensor.where(m, c, zero)),
+    )
+    for select, additive in polarities:
+        for select_then_add in (Tensor.add(select, b), Tensor.add(b, select)):
+            yield rewrite(Tensor.softmax(select_then_add)).to(
+                Tensor.softmax(Tensor.add(x, Tensor.add(additive, b))), scalar_of(c) == f, f <= fill
+            )
     # Scaling a select-masked tensor scales both branches (exact, elementwise).
     yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
         Tensor.where(m, Tensor.mul(x, d), Tensor.mul(c, d)), scalar_of(c) == f, scalar_of(d) == g

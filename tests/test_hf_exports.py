@@ -76,3 +76,31 @@ def test_fully_masked_rows_roll_back(file, target):
     assert result.report.fused == 0
     assert all(r.status == "rolled back" and "differ" in r.reason for r in result.report.regions)
     assert_same_outputs(onnx.load(path), result.model, feeds, atol=0.0)
+
+
+# The cache Concat goes into the op (past_key/past_value in, present_key/present_value out) wherever the op
+# takes the K/V it would concatenate: always on `onnx` (grouped heads too), on `ort` when K/V are not repeated.
+CACHED = [
+    (m, t)
+    for m in MODELS
+    if "kv cache" in m["flavour"]
+    for t in ("ort", "onnx")
+    if t == "onnx" or m["kv_heads"] == m["heads"]
+]
+
+
+@pytest.mark.parametrize(("entry", "target"), CACHED, ids=[f"{t}-{m['file']}" for m, t in CACHED])
+def test_kv_cache_concat_is_absorbed_and_present_outputs_kept(entry, target):
+    path = DATA / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    original = onnx.load(path)
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    producers = {out: node for node in result.model.graph.node for out in node.output}
+    presents = [o.name for o in original.graph.output if o.name.startswith("present")]
+    assert len(presents) == 2 * entry["blocks"]
+    assert [o.name for o in result.model.graph.output] == [o.name for o in original.graph.output]
+    fused = {"Attention", "MultiHeadAttention"}
+    assert all(producers[name].op_type in fused for name in presents), {n: producers[n].op_type for n in presents}
+    assert_same_outputs(original, result.model, feeds)
+    dims = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10}
+    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=dims))

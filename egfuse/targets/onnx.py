@@ -35,12 +35,20 @@ class OnnxTarget(Target):
         q, k, v, bias, scale = node.args[:5]
         seq_axis = 1 if node.op == "mha" else 2
         inputs = [e.value(q), e.value(k), e.value(v)]
-        mask = e.bias(bias, inputs[0], inputs[1], seq_axis, seq_axis)
+        cache = e.cache_for(inputs[1], inputs[2], [inputs[0]]) if node.op != "mha" else None
+        if cache is not None:
+            inputs[1:] = [cache.new_key, cache.new_value]
+        length = e.key_length(cache) if cache is not None else None
+        mask = e.bias(bias, inputs[0], inputs[1], seq_axis, seq_axis, length)
         attrs: dict[str, object] = {"scale": float(scale)}
         if node.op == "mha":
             heads = int(node.args[5])
             attrs.update(q_num_heads=heads, kv_num_heads=heads)
-        return e.node("Attention", [*inputs, mask] if mask is not None else inputs, attrs, like=inputs[0])
+        if cache is not None:
+            args = [*inputs, mask, cache.past_key, cache.past_value]
+        else:
+            args = [*inputs, mask] if mask is not None else inputs
+        return e.with_cache("Attention", args, attrs, "", inputs[0], cache)
 
     def op_name(self, node: ENode) -> str:
         return "Attention"

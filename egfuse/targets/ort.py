@@ -27,11 +27,18 @@ class OrtTarget(Target):
         if node.op in ("mha", "mha_kv4"):
             q, k, v, bias, scale, heads = node.args
             inputs = [e.value(q), e.value(k), e.value(v)]
+            cache = e.cache_for(inputs[1], inputs[2], [inputs[0]]) if node.op == "mha_kv4" else None
+            if cache is not None:
+                inputs[1:] = [cache.new_key, cache.new_value]
+            length = e.key_length(cache) if cache is not None else None
             # (B, S, N·H) query; key (B, T, N·H) for mha, (B, N, T, H) for mha_kv4
-            mask = e.bias(bias, inputs[0], inputs[1], 1, 1 if node.op == "mha" else 2)
+            mask = e.bias(bias, inputs[0], inputs[1], 1, 1 if node.op == "mha" else 2, length)
             attrs = {"num_heads": int(heads), "scale": float(scale)}
-            args = [*inputs, None, None, mask] if mask is not None else inputs
-            return e.node("MultiHeadAttention", args, attrs, domain="com.microsoft", like=inputs[0])
+            if cache is not None:
+                args = [*inputs, None, None, mask, cache.past_key, cache.past_value]
+            else:
+                args = [*inputs, None, None, mask] if mask is not None else inputs
+            return e.with_cache("MultiHeadAttention", args, attrs, "com.microsoft", inputs[0], cache)
         x, wq, wk, wv, bq, bk, bv, bias, scale, heads = node.args
         xv = e.value(x)
         weights = [e.constant_array(c) for c in (wq, wk, wv)]
