@@ -324,11 +324,12 @@ def _validate(
         report.validated = False
         report.validation_note = f"the fused model does not run on onnxruntime: {_short(err)}"
         return {r.index: (f"fused model failed to run: {_short(err)}", float("inf")) for r in fused_regions}
+    reference = validate.references(original, data, expected, names)
     failing: dict[int, tuple[str, float]] = {}
     for r in fused_regions:
         name = region_outputs[r.index]
         if name and name in expected and name in actual:
-            cmp = validate.compare(name, expected[name], actual[name])
+            cmp = validate.compare(name, expected[name], actual[name], reference.get(name))
             r.max_abs_diff = cmp.max_abs_diff
             if not cmp.ok:
                 failing[r.index] = (
@@ -336,7 +337,7 @@ def _validate(
                     cmp.max_abs_diff,
                 )
     outputs = [o.name for o in original.graph.output]
-    cmps = [validate.compare(n, expected[n], actual[n]) for n in outputs if n in actual]
+    cmps = [validate.compare(n, expected[n], actual[n], reference.get(n)) for n in outputs if n in actual]
     report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
     report.validated = all(c.ok for c in cmps) and not failing
     if not report.validated and not failing:  # outputs off but no region singled out: roll back all

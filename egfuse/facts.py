@@ -55,6 +55,21 @@ def _slice(node: ir.Node, data: np.ndarray, ins: list) -> np.ndarray | None:
     return data[tuple(index)]
 
 
+def _result_size(op: str, ins: list) -> float:
+    """The element count an evaluation would produce, known before computing it: a causal mask buffer of
+    (max_positions)² elements must never be materialised just to learn it is too big to be a fact."""
+    try:
+        if op == "ConstantOfShape":
+            return float(np.prod([float(d) for d in ins[0].reshape(-1)]))
+        if op == "Range":
+            return max(0.0, np.ceil((float(ins[1]) - float(ins[0])) / float(ins[2])))
+        if op in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Where"):
+            return float(np.prod(np.broadcast_shapes(*(np.shape(x) for x in ins))))
+    except (ValueError, ZeroDivisionError, TypeError):
+        return float("inf")
+    return float(sum(np.size(x) for x in ins if x is not None))
+
+
 # numpy evaluation of the bookkeeping ops exporters use around attention (all inputs known).
 _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Identity": lambda n, x: x[0],
@@ -198,7 +213,7 @@ class GraphFacts:
             return
         ins = [self.const(v) if v is not None else None for v in node.inputs]
         known = all(c is not None or v is None for c, v in zip(ins, node.inputs, strict=True))
-        if known and op in _NUMPY and ins:
+        if known and op in _NUMPY and ins and _result_size(op, ins) <= _MAX_CONST_ELEMENTS:
             result = _NUMPY[op](node, ins)
             if result is not None and np.size(result) <= _MAX_CONST_ELEMENTS:
                 self._set_const(out, np.asarray(result))

@@ -18,7 +18,7 @@ import onnx_ir as ir
 from egfuse.dims import Dim, product, reshape_result
 from egfuse.facts import GraphFacts
 from egfuse.lang import perm_string
-from egfuse.regions import Region
+from egfuse.regions import Region, is_inference_dropout
 
 
 @dataclass
@@ -138,6 +138,8 @@ class Lowerer:
             return self._call(op.lower(), args[0], args[1])
         if op == "Where":
             return self._call("where", *args[:3])
+        if op == "Dropout":
+            return args[0] if is_inference_dropout(node) else None
         if op in ("IsNaN", "Sqrt"):
             return self._call(op.lower(), args[0])
         if op == "Cast":

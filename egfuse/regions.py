@@ -21,7 +21,8 @@ VOCABULARY = frozenset({
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
     "Einsum",  # tf2onnx writes projections and attention as Einsum
 })  # fmt: skip
-_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape"})  # Reshape: 3D (B·N, S, T) probabilities
+# Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout)
+_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
 _MAX_BACKWARD_DEPTH = 12
 
@@ -46,6 +47,17 @@ def _single_consumer(value: ir.Value) -> ir.Node | None:
     return next(iter(users))
 
 
+def is_inference_dropout(node: ir.Node) -> bool:
+    """A Dropout that passes its input through: no ``training_mode`` input (or a constant false one) and no
+    reader of its mask output. Exporters leave these behind with ratio 0 or in eval mode."""
+    if node.op_type != "Dropout":
+        return False
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    if training is not None and (training.const_value is None or bool(training.const_value.numpy().any())):
+        return False
+    return len(node.outputs) < 2 or not (node.outputs[1].uses() or node.outputs[1].is_graph_output())
+
+
 def _is_weight(value: ir.Value | None) -> bool:
     return value is not None and value.const_value is not None and value.producer() is None
 
@@ -62,7 +74,9 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
             chain.append(matmuls[0])
             break
         # The IsNaN guard reads the probabilities twice (IsNaN(p) and Where(…, p)).
-        guards = [n for n in users if n.op_type in _FORWARD_GUARDS]
+        guards = [
+            n for n in users if n.op_type in _FORWARD_GUARDS and (n.op_type != "Dropout" or is_inference_dropout(n))
+        ]
         wheres = [n for n in guards if n.op_type == "Where"]
         if len(guards) != len(users) or not guards:
             return chain

@@ -8,7 +8,7 @@ way egfuse's property tests do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import onnx
@@ -39,16 +39,23 @@ class Variant:
     kv_heads: int | None = None  # fewer K/V heads than query heads (GQA; 1 = MQA), repeated by repeat_kv
     cross: bool = False  # K/V from a second input ("memory") with its own length
     dtype: str = "float32"  # float16: the model in half precision, Softmax in float32 between two Casts
+    past: bool = False  # KV cache: K/V = Concat(past, new) on the sequence axis, returned as present outputs
+    rope: bool = False  # rotary embedding (rotate-half) on Q and K, from cos/sin inputs
+    position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     seed: int = 0
 
     def __post_init__(self) -> None:
         kv = self.kv_heads or self.heads
         if self.heads % kv:
             raise ValueError(f"kv_heads={kv} does not divide heads={self.heads}")
-        if self.causal != "none" and self.cross:
-            raise ValueError("a causal mask needs queries and keys over the same sequence")
-        if kv != self.heads and self.k_layout == "transpose_0231":
-            raise ValueError("repeat_kv works on (B, N, T, H) keys; transpose_0231 transposes before the split")
+        if self.cross and (self.causal != "none" or self.past or self.rope):
+            raise ValueError("a causal mask, a self-attention cache or RoPE needs queries and keys over one sequence")
+        if (kv != self.heads or self.past or self.rope) and self.k_layout == "transpose_0231":
+            raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
+
+    def replaced(self, **changes) -> Variant:
+        """This variant with some choices changed, and what no longer combines with them dropped."""
+        return Variant(**_compatible({**asdict(self), **changes}))
 
     @property
     def hidden(self) -> int:
@@ -122,14 +129,34 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         c = scalar(value if op == "Mul" else 1.0 / value, "scale")
         return b.comm("Mul", x, c) if op == "Mul" else b.op("Div", [x, c])
 
-    seq, kv_seq = ("seq", "kv_seq" if v.cross else "seq") if v.symbolic else (5, 7 if v.cross else 5)
+    if v.symbolic:
+        seq, kv_seq = "seq", ("kv_seq" if v.cross else "total_seq" if v.past else "seq")
+    else:
+        seq, kv_seq = 5, (7 if v.cross else 8 if v.past else 5)
     batch = "batch" if v.symbolic else 2
+    past_len = "past_seq" if v.symbolic else 3
     kv_len = kv_seq
     x = "x"
     memory = "memory" if v.cross else x
+    inputs = [helper.make_tensor_value_info("x", onnx_type, [batch, seq, hidden])]
+    outputs = [helper.make_tensor_value_info("y", onnx_type, None)]
+    if v.cross:
+        inputs.append(helper.make_tensor_value_info("memory", onnx_type, [batch, kv_seq, hidden]))
+    rope = _Rope(b, v, inputs, [batch, seq, hd], onnx_type) if v.rope else None
+
+    def cached(t: str, name: str) -> str:  # Concat(past, new) on the sequence axis, returned as "present"
+        if not v.past:
+            return t
+        inputs.append(helper.make_tensor_value_info(f"past_{name}", onnx_type, [batch, kv, past_len, hd]))
+        outputs.append(helper.make_tensor_value_info(f"present_{name}", onnx_type, None))
+        b.nodes.append(helper.make_node("Concat", [f"past_{name}", t], [f"present_{name}"], axis=2))
+        return f"present_{name}"
+
     q = b.op("Transpose", [split(proj(x, "q", hidden), heads)], perm=[0, 2, 1, 3])
+    if rope is not None:
+        q = rope(q)
     k_bsnh = split(proj(memory, "k", kv * hd), kv)
-    v_ = repeat_kv(b.op("Transpose", [split(proj(memory, "v", kv * hd), kv)], perm=[0, 2, 1, 3]))
+    v_ = repeat_kv(cached(b.op("Transpose", [split(proj(memory, "v", kv * hd), kv)], perm=[0, 2, 1, 3]), "value"))
 
     if v.scale == "q_mul":
         q = mul_scalar(q, scale)
@@ -138,7 +165,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.k_layout == "transpose_0231":
         kt = b.op("Transpose", [k_bsnh], perm=[0, 2, 3, 1])
     else:
-        k = repeat_kv(b.op("Transpose", [k_bsnh], perm=[0, 2, 1, 3]))
+        k = b.op("Transpose", [k_bsnh], perm=[0, 2, 1, 3])
+        k = repeat_kv(cached(rope(k) if rope is not None else k, "key"))
         if v.k_layout == "transpose_0132":
             kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
         else:  # dynamo: fold (B, N) into one dim, transpose the last two, unfold
@@ -156,9 +184,6 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         kt = mul_scalar(kt, np.sqrt(scale))
     s = b.op("MatMul", [q, kt])
 
-    inputs = [helper.make_tensor_value_info("x", onnx_type, [batch, seq, hidden])]
-    if v.cross:
-        inputs.append(helper.make_tensor_value_info("memory", onnx_type, [batch, kv_seq, hidden]))
     dims = [batch, 1, 1, kv_seq]
     mask = None
     if v.mask.startswith("additive"):
@@ -187,6 +212,9 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             return b.op("Div", [t, root])
         return t
 
+    if v.position_bias:  # T5 adds its relative position bias to the unscaled scores
+        inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, [1, heads, seq, kv_seq]))
+        s = b.comm("Add", s, "position_bias")
     if v.mask == "additive_before_scale":
         s = apply_scale(b.comm("Add", s, mask))
     else:
@@ -201,7 +229,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         elif v.mask == "where_reversed":  # mask True = masked out
             inverted = b.op("Not", [mask])
             s = b.op("Where", [inverted, scalar(-1e4 if v.dtype == "float16" else -1e9, "fill"), s])
-    s = _causal(b, v, s, x, np_type)
+    s = _causal(b, v, s, x, np_type, "past_key" if v.past else None)
     if v.dtype == "float16":  # transformers: softmax(..., dtype=float32).to(query.dtype)
         s = b.op("Cast", [s], to=TensorProto.FLOAT)
     p = b.op("Softmax", [s], axis=-1)
@@ -213,29 +241,62 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
     o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
     b.nodes.append(helper.make_node("Identity", [o], ["y"], name="n_output"))
-    out = helper.make_tensor_value_info("y", onnx_type, None)
-    graph = helper.make_graph(b.nodes, "attention", inputs, [out], b.inits)
+    graph = helper.make_graph(b.nodes, "attention", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="egfuse.testing")
     model.ir_version = 8
     return model
 
 
-def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype) -> str:
-    """Mask key j > query i, with the sequence length read from the input's shape as exporters do."""
+def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
+    """Mask key j > query i + P (P cached positions), with lengths read from shapes as exporters do."""
     if v.causal == "none":
         return s
-    length = b.op("Slice", [b.op("Shape", [x]), b.const(np.array([1], np.int64)), b.const(np.array([2], np.int64))])
-    if v.causal == "trilu":  # torch.triu(torch.full((S, S), -inf), diagonal=1), added to the scores
-        square = b.op("Concat", [length, length], axis=0)
-        full = b.op("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([-np.inf], np_type)))
-        return b.comm("Add", s, b.op("Trilu", [full, b.const(np.array(1, np.int64), "k")], upper=1))
-    # arange(S)[None, :] > arange(S)[:, None] → Where(future, finfo.min, scores)
-    count = b.op("Squeeze", [length, b.const(np.array([0], np.int64), "axes")])
-    positions = b.op("Range", [b.const(np.array(0, np.int64)), count, b.const(np.array(1, np.int64))])
-    keys = b.op("Unsqueeze", [positions, b.const(np.array([0], np.int64), "axes")])
-    queries = b.op("Unsqueeze", [positions, b.const(np.array([1], np.int64), "axes")])
+
+    def dim(value: str, axis: int) -> str:  # a 1-element shape slice
+        at, to = b.const(np.array([axis], np.int64)), b.const(np.array([axis + 1], np.int64))
+        return b.op("Slice", [b.op("Shape", [value]), at, to])
+
+    length = dim(x, 1)
+    cached = dim(past, 2) if past is not None else b.const(np.array([0], np.int64), "no_past")
+    total = b.op("Add", [cached, length])
+    if v.causal == "trilu":  # torch.triu(torch.full((S, T), -inf), diagonal=P + 1), added to the scores
+        full = b.op(
+            "ConstantOfShape",
+            [b.op("Concat", [length, total], axis=0)],
+            value=numpy_helper.from_array(np.array([-np.inf], np_type)),
+        )
+        diagonal = b.op("Squeeze", [b.op("Add", [cached, b.const(np.array([1], np.int64))])])
+        return b.comm("Add", s, b.op("Trilu", [full, diagonal], upper=1))
+    # arange(T)[None, :] > (P + arange(S))[:, None] → Where(future, finfo.min, scores)
+
+    def arange(start: str, stop: str) -> str:
+        scalars = [b.op("Squeeze", [t]) for t in (start, stop)]
+        return b.op("Range", [*scalars, b.const(np.array(1, np.int64))])
+
+    keys = b.op("Unsqueeze", [arange(b.const(np.array([0], np.int64)), total), b.const(np.array([0], np.int64))])
+    queries = b.op("Unsqueeze", [arange(cached, total), b.const(np.array([1], np.int64))])
     future = b.op("Greater", [keys, queries])
     return b.op("Where", [future, b.const(np.array(np.finfo(np_type).min, np_type), "fill"), s])
+
+
+class _Rope:
+    """Rotate-half rotary embedding, ``x·cos + rotate_half(x)·sin``, with (B, S, H) cos/sin inputs."""
+
+    def __init__(self, b: _Builder, v: Variant, inputs: list, dims: list, onnx_type: int) -> None:
+        self.b, self.half = b, v.head_dim // 2
+        for name in ("cos", "sin"):
+            inputs.append(helper.make_tensor_value_info(name, onnx_type, dims))
+        self.cos, self.sin = (b.op("Unsqueeze", [t, b.const(np.array([1], np.int64))]) for t in ("cos", "sin"))
+
+    def __call__(self, t: str) -> str:
+        b = self.b
+
+        def part(start: int, stop: int) -> str:
+            ends = [b.const(np.array([e], np.int64)) for e in (start, stop)]
+            return b.op("Slice", [t, *ends, b.const(np.array([-1], np.int64))])
+
+        rotated = b.op("Concat", [b.op("Neg", [part(self.half, 2**31)]), part(0, self.half)], axis=-1)
+        return b.op("Add", [b.op("Mul", [t, self.cos]), b.op("Mul", [rotated, self.sin])])
 
 
 def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5) -> dict[str, np.ndarray]:
@@ -244,7 +305,7 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
     Keys/values of cross-attention (``kv_seq``) are two positions longer than the queries, so a mix-up of
     the two lengths cannot pass unnoticed."""
     rng = np.random.default_rng(seed)
-    sizes = {"batch": batch, "seq": seq, "kv_seq": seq + 2}
+    sizes = {"batch": batch, "seq": seq, "kv_seq": seq + 2, "past_seq": 3, "total_seq": seq + 3}
     feeds: dict[str, np.ndarray] = {}
     for inp in model.graph.input:
         tensor_type = inp.type.tensor_type
@@ -267,12 +328,19 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
     return feeds
 
 
-def _is_valid(**choices) -> bool:
-    try:
-        Variant(**choices)
-    except ValueError:
-        return False
-    return True
+def _compatible(choices: dict) -> dict:
+    """Choices made compatible by dropping what cannot combine (drawn independently, then repaired, so no
+    draw is wasted): cross-attention has no causal mask, self cache or RoPE, and the ops that need (B, N, T, H)
+    keys (repeat_kv, the cache, RoPE) get them from the (0, 1, 3, 2) layout."""
+    c = dict(choices)
+    if c["cross"]:
+        c["causal"], c["past"], c["rope"] = "none", False, False
+    kv = c["kv_heads"] or c["heads"]
+    if c["heads"] % kv:
+        c["kv_heads"] = None
+    if c["k_layout"] == "transpose_0231" and (c["kv_heads"] not in (None, c["heads"]) or c["past"] or c["rope"]):
+        c["k_layout"] = "transpose_0132"
+    return c
 
 
 def variants():  # pragma: no cover - exercised by the property tests
@@ -294,10 +362,13 @@ def variants():  # pragma: no cover - exercised by the property tests
             "kv_heads": st.sampled_from([None, None, 1, 2]),
             "cross": st.booleans(),
             "dtype": st.sampled_from(DTYPES),
+            "past": st.booleans(),
+            "rope": st.booleans(),
+            "position_bias": st.booleans(),
             "seed": st.integers(0, 2**16),
         }
     )
-    return choices.filter(lambda c: _is_valid(**c)).map(lambda c: Variant(**c))
+    return choices.map(lambda c: Variant(**_compatible(c)))
 
 
 __all__ = [
