@@ -24,6 +24,21 @@ def _assert_matches(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: di
         assert comparison.ok, f"{name} differs by {comparison.max_abs_diff}"
 
 
+def _check_fuses(variant: Variant, target: str) -> None:
+    model = attention_model(variant)
+    feeds = feeds_for(model, seed=variant.seed)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, f"{variant}\n{result.report}"
+    assert fused_op_count(result.model, target) == 1
+    if target == "onnx" and variant.n_kv != variant.heads:  # grouped K/V heads go in natively, unrepeated
+        assert _key_heads(result.model, feeds) == variant.n_kv, variant
+    if variant.past and (target == "onnx" or variant.n_kv == variant.heads):  # the cache Concat goes in the op
+        producers = {out: node.op_type for node in result.model.graph.node for out in node.output}
+        assert {producers["present_key"], producers["present_value"]} <= {"Attention", "MultiHeadAttention"}
+    _assert_matches(model, result.model, feeds)
+    _assert_matches(model, result.model, feeds_for(model, seed=variant.seed + 1, batch=3, seq=4))
+
+
 def _key_heads(model: onnx.ModelProto, feeds: dict) -> int:
     attention = next(n for n in model.graph.node if n.op_type == "Attention")
     key = validate.run(model, feeds, [attention.input[1]])[attention.input[1]]
