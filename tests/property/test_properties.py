@@ -16,6 +16,8 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import Variant, attention_model, feeds_for, variants
 
+from ..conftest import fused_op_count
+
 
 def _assert_matches(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict) -> None:
     """Validation's criterion: 1e-4 (+1e-3 relative) in float32; in float16, no further from a float32
