@@ -86,15 +86,21 @@ class Emitter:
         self.new_nodes.append(node)
         return list(node.outputs)
 
-    def cache_for(self, key: ir.Value, value: ir.Value, others: list[ir.Value | None]) -> CacheConcat | None:
-        """The KV-cache Concats an attention over ``key``/``value`` can absorb (see :mod:`egfuse.kv_cache`)."""
-        if key in self.created or value in self.created:
-            return None
-        cache = find_cache(key, value, self.facts)
-        if cache is None:
-            return None
-        reads = [*others, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
-        return None if depends_on(reads, {cache.present_key, cache.present_value}) else cache
+    def operands(
+        self, q: EClass, k: EClass, v: EClass, bias: EClass, q_axis: int, k_axis: int, cache_allowed: bool
+    ) -> tuple[list[ir.Value], ir.Value | None, CacheConcat | None]:
+        """Q, K, V and the broadcast mask of a fused op — with K/V the new entries and the cache returned when
+        they come from a KV-cache Concat the op can absorb (see :mod:`egfuse.kv_cache`)."""
+        query, key, value = self.value(q), self.value(k), self.value(v)
+        cache = None
+        if cache_allowed and key not in self.created and value not in self.created:
+            cache = find_cache(key, value, self.facts)
+        if cache is not None:
+            mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, self.key_length(cache))
+            reads = [query, mask, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
+            if not depends_on(reads, {cache.present_key, cache.present_value}):
+                return [query, cache.new_key, cache.new_value], mask, cache
+        return [query, key, value], self.bias(bias, query, key, q_axis, k_axis), None
 
     def with_cache(
         self,

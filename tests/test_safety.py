@@ -96,3 +96,37 @@ def test_failed_validation_rolls_the_region_back(monkeypatch):
     assert "differ" in region.reason and region.max_abs_diff > 1e-3
     assert result.report.fused == 0
     assert_same_outputs(model, result.model, feeds, atol=0.0)
+
+
+def test_cache_is_not_absorbed_when_the_mask_reads_the_present_length(target):
+    """A mask sized from Shape(present_key): standing the op's present output in for the Concat would make the
+    op read its own output. The Concat stays outside; attention still fuses."""
+    model = attention_model(Variant(past=True, k_layout="transpose_0132", mask="none"))
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    zero = onnx.numpy_helper.from_array(np.zeros(1, np.float32))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 1], np.int64), "ones"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Shape", ["present_key"], ["total"], start=2, end=3),
+            helper.make_node("Shape", ["x"], ["queries"], start=1, end=2),
+            helper.make_node("Concat", ["ones", "queries", "total"], ["bias_shape"], axis=0),
+            helper.make_node("ConstantOfShape", ["bias_shape"], ["bias"], value=zero),
+            helper.make_node("Add", [softmax.input[0], "bias"], ["biased"]),
+        ]
+    )
+    softmax.input[0] = "biased"
+    model = _sorted(model)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    producers = {out: node.op_type for node in result.model.graph.node for out in node.output}
+    assert producers["present_key"] == "Concat"
+    assert_same_outputs(model, result.model, feeds)
+
+
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    ir_model = ir.serde.deserialize_model(model)
+    ir_model.graph.sort()
+    return ir.serde.serialize_model(ir_model)

@@ -34,12 +34,7 @@ class OnnxTarget(Target):
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
         q, k, v, bias, scale = node.args[:5]
         seq_axis = 1 if node.op == "mha" else 2
-        inputs = [e.value(q), e.value(k), e.value(v)]
-        cache = e.cache_for(inputs[1], inputs[2], [inputs[0]]) if node.op != "mha" else None
-        if cache is not None:
-            inputs[1:] = [cache.new_key, cache.new_value]
-        length = e.key_length(cache) if cache is not None else None
-        mask = e.bias(bias, inputs[0], inputs[1], seq_axis, seq_axis, length)
+        inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=node.op != "mha")
         attrs: dict[str, object] = {"scale": float(scale)}
         if node.op == "mha":
             heads = int(node.args[5])

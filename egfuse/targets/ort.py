@@ -26,13 +26,9 @@ class OrtTarget(Target):
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
         if node.op in ("mha", "mha_kv4"):
             q, k, v, bias, scale, heads = node.args
-            inputs = [e.value(q), e.value(k), e.value(v)]
-            cache = e.cache_for(inputs[1], inputs[2], [inputs[0]]) if node.op == "mha_kv4" else None
-            if cache is not None:
-                inputs[1:] = [cache.new_key, cache.new_value]
-            length = e.key_length(cache) if cache is not None else None
-            # (B, S, N·H) query; key (B, T, N·H) for mha, (B, N, T, H) for mha_kv4
-            mask = e.bias(bias, inputs[0], inputs[1], 1, 1 if node.op == "mha" else 2, length)
+            # (B, S, N·H) query; key (B, T, N·H) for mha, (B, N, T, H) for mha_kv4 (which may come from a cache)
+            kv4 = node.op == "mha_kv4"
+            inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4)
             attrs = {"num_heads": int(heads), "scale": float(scale)}
             if cache is not None:
                 args = [*inputs, None, None, mask, cache.past_key, cache.past_value]
