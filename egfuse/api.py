@@ -260,6 +260,8 @@ def _fuse_once(
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
         entry.fused_into = _op_label(target, fused_ops[0])
+        if emitter.cache_note is not None:
+            entry.variants["kv cache"] = emitter.cache_note
         masked = masked or (target_name == "onnx" and fused_ops[0].args[3] not in no_bias_classes)
         any_fused = True
 

@@ -49,6 +49,8 @@ class Emitter:
         self._counter = 0
         self.also_replace: list[tuple[ir.Value, ir.Value]] = []
         """Values outside the region the emitted ops stand in for (a KV cache's Concat outputs)."""
+        self.cache_note: str | None = None
+        """What happened to a KV-cache Concat feeding the op (for the report)."""
 
     # --- building blocks for targets -------------------------------------------------------------------------
     def _name(self, hint: str) -> str:
@@ -99,7 +101,9 @@ class Emitter:
             mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, self.key_length(cache))
             reads = [query, mask, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
             if not depends_on(reads, {cache.present_key, cache.present_value}):
+                self.cache_note = "Concat(past, new) absorbed: past_key/past_value in, present outputs from the op"
                 return [query, cache.new_key, cache.new_value], mask, cache
+            self.cache_note = "Concat(past, new) kept outside: the op's inputs are computed from its output"
         return [query, key, value], self.bias(bias, query, key, q_axis, k_axis), None
 
     def with_cache(

@@ -101,6 +101,7 @@ def test_kv_cache_concat_is_absorbed_and_present_outputs_kept(entry, target):
     assert [o.name for o in result.model.graph.output] == [o.name for o in original.graph.output]
     fused = {"Attention", "MultiHeadAttention"}
     assert all(producers[name].op_type in fused for name in presents), {n: producers[n].op_type for n in presents}
+    assert all("absorbed" in r.variants["kv cache"] for r in result.report.regions), str(result.report)
     assert_same_outputs(original, result.model, feeds)
     dims = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10}
     assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=dims))

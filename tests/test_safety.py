@@ -121,6 +121,7 @@ def test_cache_is_not_absorbed_when_the_mask_reads_the_present_length(target):
     assert result.report.fused == 1, str(result.report)
     producers = {out: node.op_type for node in result.model.graph.node for out in node.output}
     assert producers["present_key"] == "Concat"
+    assert "kept outside" in result.report.regions[0].variants["kv cache"]
     assert_same_outputs(model, result.model, feeds)
 
 
