@@ -29,6 +29,15 @@ def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, feeds
         assert not np.isnan(diff).any(), f"{name}: NaN where the original has a number"
 
 
+def topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with nodes a test appended put back in topological order."""
+    import onnx_ir as ir
+
+    ir_model = ir.serde.deserialize_model(model)
+    ir_model.graph.sort()
+    return ir.serde.serialize_model(ir_model)
+
+
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     counts: dict[str, int] = {}
     for node in model.graph.node:

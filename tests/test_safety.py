@@ -13,7 +13,7 @@ import egfuse
 from egfuse.targets.ort import OrtTarget
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs
+from .conftest import assert_same_outputs, topologically_sorted
 
 BASE = Variant(scale="qk_div", mask="additive")
 
@@ -115,7 +115,7 @@ def test_cache_is_not_absorbed_when_the_mask_reads_the_present_length(target):
         ]
     )
     softmax.input[0] = "biased"
-    model = _sorted(model)
+    model = topologically_sorted(model)
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
     assert result.report.fused == 1, str(result.report)
@@ -123,11 +123,3 @@ def test_cache_is_not_absorbed_when_the_mask_reads_the_present_length(target):
     assert producers["present_key"] == "Concat"
     assert "kept outside" in result.report.regions[0].variants["kv cache"]
     assert_same_outputs(model, result.model, feeds)
-
-
-def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    import onnx_ir as ir
-
-    ir_model = ir.serde.deserialize_model(model)
-    ir_model.graph.sort()
-    return ir.serde.serialize_model(ir_model)

@@ -16,7 +16,7 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import Variant, attention_model, feeds_for, variants
 
-from ..conftest import fused_op_count
+from ..conftest import fused_op_count, topologically_sorted
 
 
 def _assert_matches(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict) -> None:
@@ -115,7 +115,7 @@ def test_a_scale_that_differs_per_head_is_not_fused(variant, target):
     model.graph.initializer.append(onnx.numpy_helper.from_array(factors, "per_head"))
     model.graph.node.append(helper.make_node("Mul", [softmax.input[0], "per_head"], ["per_head_scaled"]))
     softmax.input[0] = "per_head_scaled"
-    _sort(model)
+    model = topologically_sorted(model)
     assert _near_miss(model, target, variant).report.fused == 0
 
 
@@ -146,12 +146,3 @@ def test_value_of_the_wrong_rank_is_not_fused(variant, target):
     reshape = next(n for n in model.graph.node if n.output[0] == transpose.input[0])
     pv.input[1] = reshape.input[0]  # (B, S, H): broadcasting, not attention
     assert _near_miss(model, target, variant).report.fused == 0
-
-
-def _sort(model: onnx.ModelProto) -> None:
-    """Put appended nodes back in topological order."""
-    import onnx_ir as ir
-
-    ir_model = ir.serde.deserialize_model(model)
-    ir_model.graph.sort()
-    model.CopyFrom(ir.serde.serialize_model(ir_model))
