@@ -98,10 +98,12 @@ class Emitter:
         if cache_allowed and key not in self.created and value not in self.created:
             cache = find_cache(key, value, self.facts)
         if cache is not None:
-            mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, self.key_length(cache))
-            reads = [query, mask, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
+            # Checked before the mask's broadcast is emitted: it reads only the mask, Q and the cache's inputs.
+            mask_source = None if self.choice[bias].node.op == "no_bias" else self.value(bias)
+            reads = [query, mask_source, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
             if not depends_on(reads, {cache.present_key, cache.present_value}):
                 self.cache_note = "Concat(past, new) absorbed: past_key/past_value in, present outputs from the op"
+                mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, self.key_length(cache))
                 return [query, cache.new_key, cache.new_value], mask, cache
             self.cache_note = "Concat(past, new) kept outside: the op's inputs are computed from its output"
         return [query, key, value], self.bias(bias, query, key, q_axis, k_axis), None
