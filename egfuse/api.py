@@ -267,8 +267,9 @@ def _fuse_once(
 
     if masked:
         report.notes.append(
-            "onnxruntime's standard Attention gives 0 for a query row whose mask is entirely very negative "
-            "(the primitive ops give NaN for -inf, the mean of V for finfo.min); validation checks padded inputs"
+            "onnxruntime's standard Attention gives 0 for a query row masked entirely with -inf or finfo.min "
+            "(the primitive ops give NaN, or the mean of V); select-mask fills are written one ulp above "
+            "finfo.min to keep the mean, and validation checks padded inputs"
         )
     if any_fused:
         for domain, version in target.opsets.items():

@@ -34,8 +34,10 @@ def _broadcast(a: Shape, b: Shape) -> Shape:
             out.append(y)
         elif y == Dim(1) or x == y:
             out.append(x)
-        else:
-            out.append(None if (x is None or y is None) else x)
+        elif x is None or y is None:
+            out.append(None)
+        else:  # equal at run time: a symbol shape inference invented is the weaker name for it
+            out.append(y if _invented(x) and not _invented(y) else x)
     return tuple(out)
 
 
@@ -324,6 +326,12 @@ class GraphFacts:
                 result = _broadcast(result, s)
         elif op in SAME_SHAPE and ins and ins[0] is not None:
             result = ins[0]
+        elif op == "GatherElements" and len(ins) == 2:
+            result = ins[1]  # the output has the indices' shape
+        elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:
+            repeats = self.elems(node.inputs[1])
+            if len(repeats) == len(ins[0]):
+                result = tuple(None if d is None or r is None else d * r for d, r in zip(ins[0], repeats, strict=True))
         elif op == "Unsqueeze" and ins and ins[0] is not None:
             axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
             if axes is not None:

@@ -235,8 +235,8 @@ class Emitter:
             return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
         if op == "full_like":
             like = self.value(a[0])
-            dtype = like.dtype.numpy() if like.dtype is not None else np.float32
-            return self.const(np.array(a[1], dtype=dtype), "fill")
+            dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
+            return self.const(np.array(self.target.mask_fill(float(a[1]), dtype), dtype=dtype), "fill")
         if op == "zero_bias":
             weight = self.constant_array(a[0])
             return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")

@@ -341,7 +341,7 @@ SETS = {
         "bart_sdpa",
         "whisper_sdpa",
         "t5_encoder_eager",
-        "deberta_v2_eager:dynamo",
+        "deberta_v2_eager",
     ],
     "all": list(SPECS),
 }

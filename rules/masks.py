@@ -33,23 +33,21 @@ def rules(
     f: f64,
     g: f64,
 ):
+    # The additive mask holds its own copy of the fill (``full_like``), which a target may respell as the
+    # number its kernel reads the same way (see ``Target.mask_fill``).
     fill = f64(MASK_FILL_MAX)
+    zero, masked = Tensor.full_like(c, 0.0), Tensor.full_like(c, f)
     yield rewrite(Tensor.softmax(Tensor.where(m, x, c))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), c))),
-        scalar_of(c) == f,
-        f <= fill,
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, zero, masked))), scalar_of(c) == f, f <= fill
     )
     yield rewrite(Tensor.softmax(Tensor.where(m, c, x))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, c, Tensor.full_like(c, 0.0)))),
-        scalar_of(c) == f,
-        f <= fill,
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, masked, zero))), scalar_of(c) == f, f <= fill
     )
     # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added), either
     # polarity, either operand order.
-    zero = Tensor.full_like(c, 0.0)
     polarities = (
-        (Tensor.where(m, x, c), Tensor.where(m, zero, c)),
-        (Tensor.where(m, c, x), Tensor.where(m, c, zero)),
+        (Tensor.where(m, x, c), Tensor.where(m, zero, masked)),
+        (Tensor.where(m, c, x), Tensor.where(m, masked, zero)),
     )
     for select, additive in polarities:
         for select_then_add in (Tensor.add(select, b), Tensor.add(b, select)):

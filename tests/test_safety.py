@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 import egfuse
@@ -78,6 +79,37 @@ def test_value_of_the_wrong_rank_is_not_fused():
     pv.input[1] = projection
     for result in _fuse_both(model, batch=1):
         assert result.report.fused == 0
+
+
+def _all_keys_masked(model: onnx.ModelProto, masked: bool) -> dict[str, np.ndarray]:
+    """Feeds whose last batch row masks every key, so every query row of it is fully masked."""
+    feeds = feeds_for(model)
+    feeds["mask"][-1] = masked
+    return feeds
+
+
+@pytest.mark.parametrize(("mask", "masked"), [("where_finfo", False), ("where_reversed", True)])
+def test_rows_masked_entirely_with_finfo_min_keep_the_mean_of_v(mask, masked, target):
+    """The primitive ops give such a row the mean of V; onnxruntime's standard Attention reads finfo.min as
+    −inf and would give 0 (DeBERTa masks padded queries this way). The fill is written so the kernel agrees."""
+    model = attention_model(Variant(mask=mask))
+    feeds = _all_keys_masked(model, masked)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_rows_masked_entirely_with_minus_inf_roll_back_on_the_standard_op():
+    """The primitive ops give NaN rows, the standard op's kernel 0 rows: validation sees it and keeps the
+    original region (MultiHeadAttention keeps the NaN, so ``ort`` fuses)."""
+    model = attention_model(Variant(mask="where_neginf"))
+    feeds = _all_keys_masked(model, False)
+    onnx_result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert [r.status for r in onnx_result.report.regions] == ["rolled back"]
+    assert_same_outputs(model, onnx_result.model, feeds, atol=0.0)
+    ort_result = egfuse.fuse(model, target="ort", feeds=feeds)
+    assert ort_result.report.fused == 1
+    assert_same_outputs(model, ort_result.model, feeds)
 
 
 def test_failed_validation_rolls_the_region_back(monkeypatch):

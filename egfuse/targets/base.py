@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 from egfuse.session import ENode
 
 if TYPE_CHECKING:
@@ -35,6 +37,11 @@ class Target:
         if node.op in PRIMITIVE_COSTS:
             return PRIMITIVE_COSTS[node.op]
         return self.fused_costs.get(node.op)
+
+    def mask_fill(self, fill: float, dtype: np.dtype) -> float:
+        """The number to write for a mask fill so the target's kernel computes what the graph did: a kernel
+        may read some values specially (onnxruntime's standard ``Attention`` reads ``lowest`` as −inf)."""
+        return fill
 
     def emit(self, node: ENode, emitter: Emitter) -> ir.Value:
         raise NotImplementedError(f"{self.name} cannot emit {node.op}")

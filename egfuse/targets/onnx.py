@@ -1,12 +1,15 @@
 """The portable target: the standard ``Attention`` op (ONNX opset 23).
 
-onnxruntime's kernel gives 0 for a query row whose mask is entirely very negative (−inf or finfo.min), where
-the primitive ops give NaN (−inf) or the mean of V (finfo.min). Models that mask padded *queries* (DeBERTa)
-therefore differ on those rows; validation catches it and the region is rolled back."""
+onnxruntime's kernel reads a mask entry equal to ``lowest`` (finfo.min) as −inf and gives 0 for a query row
+masked entirely that way, where the primitive ops give the mean of V. Models that mask padded *queries* with
+``finfo.min`` (DeBERTa) keep their meaning by writing the fill one ulp above ``lowest``: added to any score
+it still rounds to the fill itself, so the row stays uniform exactly as in the original graph."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from egfuse.session import ENode
 from egfuse.targets.base import Target
@@ -30,6 +33,12 @@ class OnnxTarget(Target):
         if node.op in self.fused_costs and float(node.args[4]) <= 0:
             return None
         return super().cost(node)
+
+    def mask_fill(self, fill: float, dtype: np.dtype) -> float:
+        lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
+        if lowest is not None and fill == float(lowest):
+            return float(np.nextafter(lowest, dtype.type(0)))
+        return fill
 
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
         q, k, v, bias, scale = node.args[:5]
