@@ -22,7 +22,7 @@ def _producer(value: ir.Value | None, region: set[ir.Node]) -> ir.Node | None:
     return node if node in region else None
 
 
-def _path_to_matmul(value: ir.Value | None, members: set[ir.Node], depth: int = 6) -> list[ir.Node] | None:
+def _path_to_matmul(value: ir.Value | None, members: set[ir.Node], depth: int = 10) -> list[ir.Node] | None:
     """The nodes from ``value`` back to the nearest MatMul (inclusive), through data inputs only."""
     node = _producer(value, members)
     if node is None or depth == 0:
@@ -42,7 +42,14 @@ def variants(region: Region, facts: GraphFacts) -> dict[str, str]:
     scale_on: list[str] = []
     mask = "none"
     path = _path_to_matmul(region.softmax.inputs[0], members) or []
-    for node in path[:-1]:
+    tanh = next((i for i, node in enumerate(path) if node.op_type == "Tanh"), None)
+    capping = set() if tanh is None else {tanh - 1, tanh + 1}  # the ÷c and ·c around the tanh
+    if tanh is not None:
+        cap = next((facts.scalar(v) for v in path[tanh - 1].inputs if facts.scalar(v) is not None), None)
+        out["softcap"] = f"c·tanh(x/c), c = {cap:g}" if cap is not None else "tanh"
+    for i, node in enumerate(path[:-1]):
+        if i in capping:
+            continue
         if node.op_type in ("Mul", "Div") and any(facts.scalar(v) is not None for v in node.inputs):
             scale_on.append(f"QKᵀ ({node.op_type})")
         elif node.op_type == "Add":
@@ -100,14 +107,21 @@ def why_not(
     pv = next((n for n in matmuls if any(_feeds_from(v, softmax) for v in n.inputs if v is not None)), None)
     if pv is None:
         return "the softmax output is not multiplied by V (no MatMul consumes it)"
-    if "probs" not in ops(softmax.outputs[0]):
+    probabilities = softmax.outputs[0]
+    users = [use.node for use in probabilities.uses()]
+    if len(users) == 1 and users[0].op_type == "Cast":  # a half-precision model's float32 softmax, cast back
+        probabilities = users[0].outputs[0]
+    if "probs" not in ops(probabilities):
         if "scores" not in ops(softmax.inputs[0]) and "add" not in ops(softmax.inputs[0]):
             return "softmax input is not recognised as scale·Q·Kᵀ (+ mask): K layout, scale or Q rank not understood"
         return "softmax input is not scale·Q·Kᵀ plus an additive or select mask"
     found = ops(pv.outputs[0])
     if not found & {"attend", "attend_z", "mha"}:
         return "probabilities @ V not recognised (V is not a rank-4 (B, N, S, H) tensor)"
-    return f"attention recognised, but target {target!r} can run none of its forms ({', '.join(sorted(runnable))})"
+    cid = class_of.get(pv.outputs[0])
+    capped = any(n.op in ("attend", "attend_z") and float(n.args[5]) != 0.0 for n in classes.get(cid, []))
+    what = "soft-capped attention" if capped else "attention"
+    return f"{what} recognised, but target {target!r} can run none of its forms ({', '.join(sorted(runnable))})"
 
 
 def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:

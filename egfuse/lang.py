@@ -72,6 +72,8 @@ class Tensor(Expr):
     @classmethod
     def sqrt(cls, a: Tensor) -> Tensor: ...
     @classmethod
+    def tanh(cls, a: Tensor) -> Tensor: ...
+    @classmethod
     def cast(cls, a: Tensor, to: i64Like) -> Tensor: ...
 
     @classmethod
@@ -116,26 +118,34 @@ class Tensor(Expr):
         """``scale · q @ kᵀ`` with q, k in (B, N, S, H) — K given untransposed, so every K layout meets here."""
 
     @classmethod
-    def probs(cls, q: Tensor, k: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
-        """``softmax(scale · q @ kᵀ + bias)``."""
+    def softcap(cls, a: Tensor, cap: f64Like) -> Tensor:
+        """``cap · tanh(a / cap)``: Gemma 2's logit soft-capping of the scores, before the mask."""
 
     @classmethod
-    def attend(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
-        """``probs(q, k, bias, scale) @ v`` in (B, N, S, H); fully masked rows give NaN, like the primitives.
-        K and V may have fewer heads than Q (GQA/MQA): query head i reads kv head i // (N / N_kv)."""
+    def probs(cls, q: Tensor, k: Tensor, bias: Tensor, scale: f64Like, cap: f64Like) -> Tensor:
+        """``softmax(softcap(scale · q @ kᵀ, cap) + bias)``; ``cap`` 0 means no soft-capping."""
 
     @classmethod
-    def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like) -> Tensor:
+    def attend(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like) -> Tensor:
+        """``probs(q, k, bias, scale, cap) @ v`` in (B, N, S, H); fully masked rows give NaN, like the
+        primitives. K and V may have fewer heads than Q (GQA/MQA): query head i reads kv head i // (N / N_kv)."""
+
+    @classmethod
+    def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like) -> Tensor:
         """``attend`` whose fully masked rows are 0: the softmax was guarded by ``nan_to_zero``."""
 
     # --- target ops ----------------------------------------------------------------------------------------
     @classmethod
-    def mha(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:
+    def mha(
+        cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like, heads: StringLike
+    ) -> Tensor:
         """``attend`` on the unsplit (B, S, N·H) inputs, output (B, S, N·Hv): MultiHeadAttention's layout, and
         the standard op's 3D form (``q_num_heads``)."""
 
     @classmethod
-    def mha_kv4(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:
+    def mha_kv4(
+        cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like, heads: StringLike
+    ) -> Tensor:
         """``mha`` whose K and V are given already split, (B, N, T, H): after RoPE or a KV-head repeat, K and V
         are no longer a plain head split of a projection."""
 

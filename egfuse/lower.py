@@ -140,7 +140,7 @@ class Lowerer:
             return self._call("where", *args[:3])
         if op == "Dropout":
             return args[0] if is_inference_dropout(node) else None
-        if op in ("IsNaN", "Sqrt"):
+        if op in ("IsNaN", "Sqrt", "Tanh"):
             return self._call(op.lower(), args[0])
         if op == "Cast":
             to = int(node.attributes["to"].value)

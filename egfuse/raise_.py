@@ -19,7 +19,7 @@ from egfuse.session import EClass, ENode
 from egfuse.targets.base import FUSED, Target
 
 _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
-           "isnan": "IsNaN", "sqrt": "Sqrt", "reshape": "Reshape"}  # fmt: skip
+           "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape"}  # fmt: skip
 
 
 class Emitter:

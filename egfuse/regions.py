@@ -17,7 +17,7 @@ from egfuse.facts import GraphFacts
 
 # Ops the rules reason about. A value produced by any other op enters the region as an opaque leaf.
 VOCABULARY = frozenset({
-    "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Softmax",
+    "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Tanh", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
     "Einsum",  # tf2onnx writes projections and attention as Einsum
 })  # fmt: skip

@@ -19,6 +19,9 @@ K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
 MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
          "where_reversed", "padding_int")  # fmt: skip
 CAUSAL = ("none", "trilu", "range_greater")
+SOFTCAPS = ("none", "div", "reciprocal")
+SOFTCAP = 2.0
+"""The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
 
 
@@ -42,6 +45,7 @@ class Variant:
     past: bool = False  # KV cache: K/V = Concat(past, new) on the sequence axis, returned as present outputs
     rope: bool = False  # rotary embedding (rotate-half) on Q and K, from cos/sin inputs
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
+    softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -52,6 +56,8 @@ class Variant:
             raise ValueError("a causal mask, a self-attention cache or RoPE needs queries and keys over one sequence")
         if (kv != self.heads or self.past or self.rope) and self.k_layout == "transpose_0231":
             raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
+        if self.softcap != "none" and (self.mask == "additive_before_scale" or self.position_bias):
+            raise ValueError("soft-capping comes before the mask and any bias: none may be added inside it")
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
@@ -215,10 +221,17 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.position_bias:  # T5 adds its relative position bias to the unscaled scores
         inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, [1, heads, seq, kv_seq]))
         s = b.comm("Add", s, "position_bias")
+
+    def soft_cap(t: str) -> str:
+        if v.softcap == "none":
+            return t
+        inside = mul_scalar(t, 1.0 / SOFTCAP, "Div" if v.softcap == "div" else "Mul")
+        return mul_scalar(b.op("Tanh", [inside]), SOFTCAP)
+
     if v.mask == "additive_before_scale":
         s = apply_scale(b.comm("Add", s, mask))
     else:
-        s = apply_scale(s)
+        s = soft_cap(apply_scale(s))
         if v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
@@ -340,6 +353,10 @@ def _compatible(choices: dict) -> dict:
         c["kv_heads"] = None
     if c["k_layout"] == "transpose_0231" and (c["kv_heads"] not in (None, c["heads"]) or c["past"] or c["rope"]):
         c["k_layout"] = "transpose_0132"
+    if c.get("softcap", "none") != "none":
+        c["position_bias"] = False
+        if c["mask"] == "additive_before_scale":
+            c["mask"] = "additive"
     return c
 
 
@@ -365,6 +382,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "past": st.booleans(),
             "rope": st.booleans(),
             "position_bias": st.booleans(),
+            "softcap": st.sampled_from(SOFTCAPS),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -377,6 +395,8 @@ __all__ = [
     "K_LAYOUTS",
     "MASKS",
     "SCALES",
+    "SOFTCAP",
+    "SOFTCAPS",
     "Variant",
     "attention_model",
     "feeds_for",

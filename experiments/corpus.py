@@ -195,6 +195,24 @@ _llama = _hf(
         **NO_CACHE,
     },
 )
+_gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
+    "Gemma2Config",
+    "Gemma2Model",
+    _ids,
+    {
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS // 2,
+        "head_dim": HIDDEN // HEADS,
+        "max_position_embeddings": 64,
+        "sliding_window": 4,  # shorter than the feeds, so the window masks something
+        "attn_logit_softcapping": 2.0,  # Gemma 2 uses 50; small enough here to change the random scores
+        **NO_CACHE,
+    },
+)
 _t5_encoder = _hf(
     "T5Config",
     "T5EncoderModel",
@@ -235,7 +253,8 @@ def _with_past(make_config, make_model, kv_heads: int):
                 super().__init__()
                 self.model = model
 
-            def forward(self, input_ids, attention_mask, *past):
+            def forward(self, *args):  # one tuple, like every wrapper here (see ``_dynamic_axes``)
+                input_ids, attention_mask, *past = args
                 cache = DynamicCache(config=cfg)
                 for i in range(layers):
                     cache.update(past[2 * i], past[2 * i + 1], i)
@@ -283,6 +302,67 @@ def _llama_past(impl: str):
     return _with_past(config, from_config, HEADS // 2)
 
 
+def _bart_decoder_past(impl: str):
+    """A BART decoder step with both caches: self-attention K/V grow by Concat(past, new); cross-attention K/V
+    are the cached encoder projections themselves (``EncoderDecoderCache`` with the cross cache filled)."""
+
+    def build():
+        import torch
+        import transformers
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        cfg = transformers.BartConfig(**SEQ2SEQ_SIZES, max_position_embeddings=64, attn_implementation=impl)
+        decoder = transformers.BartModel(cfg).get_decoder().eval()
+        layers = cfg.decoder_layers
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.decoder = decoder
+
+            def forward(self, *args):
+                input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, *past = args
+                own, cross = DynamicCache(config=cfg), DynamicCache(config=cfg)
+                for i in range(layers):
+                    own.update(past[4 * i], past[4 * i + 1], i)
+                    cross.update(past[4 * i + 2], past[4 * i + 3], i)
+                out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                   encoder_hidden_states=encoder_hidden_states,
+                                   encoder_attention_mask=encoder_attention_mask,
+                                   past_key_values=EncoderDecoderCache(own, cross), use_cache=True)  # fmt: skip
+                own_layers = out.past_key_values.self_attention_cache.layers
+                present = [t for layer in own_layers for t in (layer.keys, layer.values)]
+                return (out.last_hidden_state, *present)
+
+        rng = np.random.default_rng(0)
+        mask = np.ones((2, PAST + 3), np.int64)
+        mask[-1, 0] = 0  # left padding in the second sequence
+        encoder_mask = np.ones((2, ENCODED), np.int64)
+        encoder_mask[-1, -2:] = 0
+        feeds = {
+            "input_ids": rng.integers(0, VOCAB, (2, 3)).astype(np.int64),
+            "attention_mask": mask,
+            "encoder_hidden_states": rng.standard_normal((2, ENCODED, HIDDEN)).astype(np.float32),
+            "encoder_attention_mask": encoder_mask,
+        }
+        for i in range(layers):
+            for name, length in (("past", PAST), ("past_cross", ENCODED)):
+                for kind in ("key", "value"):
+                    feeds[f"{name}_{kind}_{i}"] = rng.standard_normal((2, HEADS, length, HIDDEN // HEADS)).astype(
+                        np.float32
+                    )
+        outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(layers) for k in ("key", "value")]
+        return Wrapper().eval(), feeds, outputs
+
+    return build
+
+
+ENCODED = 6
+"""Encoder positions a decoder step attends to across."""
+DECODER_STEP = ["mha", "causal", "cross-attention", "kv cache"]
+GEMMA2 = ["gqa", "causal", "rope", "sliding window", "softcap"]
+
+
 SPECS: dict[str, Spec] = {
     s.name: s
     for s in [
@@ -298,15 +378,14 @@ SPECS: dict[str, Spec] = {
         Spec("gpt2_sdpa", _gpt2("sdpa"), LAYERS, ["mha", "causal"]),
         Spec("llama_eager", _llama("eager"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
         Spec("llama_sdpa", _llama("sdpa"), LAYERS, ["gqa", "causal", "rope"], kv_heads=HEADS // 2),
-        Spec("gpt2_past_eager", _gpt2_past("eager"), LAYERS, ["mha", "causal", "kv cache"], exporters=("torchscript",)),
-        Spec("gpt2_past_sdpa", _gpt2_past("sdpa"), LAYERS, ["mha", "causal", "kv cache"], exporters=("torchscript",)),
+        Spec("gpt2_past_eager", _gpt2_past("eager"), LAYERS, ["mha", "causal", "kv cache"]),
+        Spec("gpt2_past_sdpa", _gpt2_past("sdpa"), LAYERS, ["mha", "causal", "kv cache"]),
         Spec(
             "llama_past_eager",
             _llama_past("eager"),
             LAYERS,
             ["gqa", "causal", "rope", "kv cache"],
             kv_heads=HEADS // 2,
-            exporters=("torchscript",),
         ),
         Spec(
             "llama_past_sdpa",
@@ -314,12 +393,14 @@ SPECS: dict[str, Spec] = {
             LAYERS,
             ["gqa", "causal", "rope", "kv cache"],
             kv_heads=HEADS // 2,
-            exporters=("torchscript",),
         ),
         Spec("bart_eager", _bart("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
         Spec("bart_sdpa", _bart("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("bart_past_eager", _bart_decoder_past("eager"), 2 * LAYERS, DECODER_STEP),
+        Spec("bart_past_sdpa", _bart_decoder_past("sdpa"), 2 * LAYERS, DECODER_STEP),
         Spec("whisper_eager", _whisper("eager"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
         Spec("whisper_sdpa", _whisper("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
+        Spec("gemma2_eager", _gemma2("eager"), LAYERS, GEMMA2, kv_heads=HEADS // 2),
         Spec("t5_encoder_eager", _t5_encoder("eager"), LAYERS, ["mha", "attention bias"]),
         Spec("deberta_v2_eager", _deberta("eager"), LAYERS, ["mha", "attention bias"]),
     ]
@@ -336,22 +417,48 @@ SETS = {
         "whisper_encoder_eager",
         "whisper_encoder_sdpa",
         "gpt2_sdpa",
+        "gpt2_past_sdpa",
         "llama_eager",
+        "llama_past_eager",
         "llama_sdpa",
         "bart_sdpa",
+        "bart_past_sdpa",
         "whisper_sdpa",
         "t5_encoder_eager",
         "deberta_v2_eager",
+        "gemma2_eager:dynamo",
     ],
     "all": list(SPECS),
 }
 
 
-def _seq_name(input_name: str, with_past: bool) -> str:
-    """Symbolic dim names: with a KV cache the mask spans past + new tokens, so it gets its own."""
-    if input_name.startswith("decoder"):
-        return "decoder_sequence"
-    return "total_sequence" if input_name == "attention_mask" and with_past else "sequence"
+def _dynamic_axes(name: str, array: np.ndarray, with_past: bool) -> dict[int, str]:
+    """Symbolic dim names of one input. With a KV cache the mask spans past + new tokens (``total_sequence``);
+    cached cross-attention K/V and the encoder's outputs span the encoder's positions."""
+    if name.startswith("past_"):
+        return {0: "batch", 2: "encoder_sequence" if "cross" in name else "past_sequence"}
+    if name.startswith("encoder_"):
+        return {0: "batch", 1: "encoder_sequence"}
+    if array.ndim != 2:
+        return {0: "batch"}
+    if name.startswith("decoder"):
+        return {0: "batch", 1: "decoder_sequence"}
+    return {0: "batch", 1: "total_sequence" if name == "attention_mask" and with_past else "sequence"}
+
+
+def _name_total_length(path: Path) -> None:
+    """torch.export names the mask's length (past + new, a relation it cannot state) ``sNN``: call it
+    ``total_sequence``, as the TorchScript export does, so feeds can be drawn consistently."""
+    import onnx
+
+    model = onnx.load(path)
+    mask = next(i for i in model.graph.input if i.name == "attention_mask")
+    symbol = mask.type.tensor_type.shape.dim[1].dim_param
+    for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.dim_param == symbol:
+                dim.dim_param = "total_sequence"
+    onnx.save(model, path)
 
 
 @contextlib.contextmanager
@@ -385,32 +492,28 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
         path = out_dir / f"{spec.name}.{exporter}.onnx"
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_fds():
             warnings.simplefilter("ignore")
+            axes = {n: _dynamic_axes(n, feeds[n], with_past) for n in names}
             if exporter == "torchscript":
-                dyn = {n: {0: "batch", 1: _seq_name(n, with_past)} for n in names if feeds[n].ndim == 2}
-                dyn.update({n: {0: "batch", 2: "past_sequence"} for n in names if n.startswith("past_")})
                 torch.onnx.export(
                     model,
                     args,
                     str(path),
                     input_names=names,
                     output_names=outputs,
-                    dynamic_axes=dyn or None,
+                    dynamic_axes=axes,
                     opset_version=17,
                     dynamo=False,
                 )
             else:
-                batch, seq = (
-                    torch.export.Dim("batch", min=1, max=64),
-                    torch.export.Dim("sequence", min=2, max=60),
-                )
-                # The wrapper takes ``*args``: torch.export sees one tuple-valued input.
-                dec = torch.export.Dim("decoder_sequence", min=2, max=60)
-                dyn = (
-                    tuple(
-                        ({0: batch, 1: dec if n.startswith("decoder") else seq} if feeds[n].ndim == 2 else {0: batch})
-                        for n in names
-                    ),
-                )
+                # torch.export cannot state total = past + new: that length is left for it to name (AUTO).
+                dims = {
+                    "batch": torch.export.Dim("batch", min=1, max=64),
+                    "total_sequence": torch.export.Dim.AUTO,
+                    **{d: torch.export.Dim(d, min=2, max=60) for d in ("sequence", "decoder_sequence")},
+                    **{d: torch.export.Dim(d, min=1, max=60) for d in ("past_sequence", "encoder_sequence")},
+                }
+                # Every wrapper takes ``*args``: torch.export sees one tuple-valued input.
+                dyn = (tuple({axis: dims[d] for axis, d in axes[n].items()} for n in names),)
                 program = torch.onnx.export(
                     model,
                     args,
@@ -421,6 +524,8 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
                     dynamo=True,
                 )
                 program.save(str(path))
+                if with_past:
+                    _name_total_length(path)
         entry.file = path.name
         entry.inputs = {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in feeds.items()}
         np.savez(out_dir / f"{spec.name}.{exporter}.feeds.npz", **feeds)

@@ -4,6 +4,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``commute``   — canonical operand order (constant second, scores first) instead of general AC rules
 * ``layout``    — transpose composition, reshape inverses, scalars and guards moving through layout ops
 * ``scale``     — every placement of the 1/√d scale folds into ``scores``' scale
+* ``softcap``   — Gemma 2's ``c · tanh(x / c)`` on the scores
 * ``masks``     — select masks become additive, bias and scale distribute, the NaN guard is recognised
 * ``precision`` — a half-precision model's float32 softmax (Cast → Softmax → Cast) is its softmax
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
@@ -12,14 +13,23 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 
 from __future__ import annotations
 
-from egfuse.rules import attention, commute, facts, layout, masks, ort, precision, scale
+from egfuse.rules import attention, commute, facts, layout, masks, ort, precision, scale, softcap
 from egglog import Ruleset
 
 CORE: Ruleset = (
-    facts.rules | commute.rules | layout.rules | scale.rules | masks.rules | precision.rules | attention.rules
+    facts.rules
+    | commute.rules
+    | layout.rules
+    | scale.rules
+    | softcap.rules
+    | masks.rules
+    | precision.rules
+    | attention.rules
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
 
-__all__ = ["CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "precision", "scale"]
+__all__ = [
+    "CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "precision", "scale", "softcap"
+]  # fmt: skip

@@ -13,14 +13,11 @@ from egfuse.lang import Tensor, is_weight, scalar_of
 
 
 @ruleset
-def rules(a: Tensor, b: Tensor, q: Tensor, k: Tensor, s: f64, x: f64, p: String):
+def rules(a: Tensor, b: Tensor, q: Tensor, k: Tensor, s: f64, c: f64, x: f64, p: String):
     yield rewrite(Tensor.mul(a, b)).to(Tensor.mul(b, a), scalar_of(a) == x)
     yield rewrite(Tensor.add(a, b)).to(Tensor.add(b, a), is_weight(a))
-    yield rewrite(Tensor.add(a, Tensor.scores(q, k, s))).to(Tensor.add(Tensor.scores(q, k, s), a))
-    # Bias terms added one after the other are one bias: (S + b1) + b2 = S + (b1 + b2).
-    yield rewrite(Tensor.add(Tensor.add(Tensor.scores(q, k, s), a), b)).to(
-        Tensor.add(Tensor.scores(q, k, s), Tensor.add(a, b))
-    )
-    yield rewrite(Tensor.add(b, Tensor.add(Tensor.scores(q, k, s), a))).to(
-        Tensor.add(Tensor.scores(q, k, s), Tensor.add(a, b))
-    )
+    for logits in (Tensor.scores(q, k, s), Tensor.softcap(Tensor.scores(q, k, s), c)):  # plain or soft-capped
+        yield rewrite(Tensor.add(a, logits)).to(Tensor.add(logits, a))
+        # Bias terms added one after the other are one bias: (S + b1) + b2 = S + (b1 + b2).
+        yield rewrite(Tensor.add(Tensor.add(logits, a), b)).to(Tensor.add(logits, Tensor.add(a, b)))
+        yield rewrite(Tensor.add(b, Tensor.add(logits, a))).to(Tensor.add(logits, Tensor.add(a, b)))

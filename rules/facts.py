@@ -21,9 +21,11 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.mul(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.mul(a, b))).to(r))
     yield rule(Tensor.div(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.div(a, b))).to(r))
     yield rule(Tensor.split_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.split_heads(a, n, h))).to(r + 1))
-    yield rule(Tensor.mha(a, b, c, d, x, n), rank_of(a) == r).then(set_(rank_of(Tensor.mha(a, b, c, d, x, n))).to(r))
-    yield rule(Tensor.mha_kv4(a, b, c, d, x, n)).then(set_(rank_of(Tensor.mha_kv4(a, b, c, d, x, n))).to(i64(3)))
-    yield rule(Tensor.attend(a, b, c, d, x)).then(set_(rank_of(Tensor.attend(a, b, c, d, x))).to(i64(4)))
+    yield rule(Tensor.mha(a, b, c, d, x, y, n), rank_of(a) == r).then(
+        set_(rank_of(Tensor.mha(a, b, c, d, x, y, n))).to(r)
+    )
+    yield rule(Tensor.mha_kv4(a, b, c, d, x, y, n)).then(set_(rank_of(Tensor.mha_kv4(a, b, c, d, x, y, n))).to(i64(3)))
+    yield rule(Tensor.attend(a, b, c, d, x, y)).then(set_(rank_of(Tensor.attend(a, b, c, d, x, y))).to(i64(4)))
     yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1))
     # A weight reshaped by a meaning is still a weight (tf2onnx's 3D Einsum projection weights).
     yield rule(Tensor.merge_heads(a, n, h), is_weight(a)).then(is_weight(Tensor.merge_heads(a, n, h)))

@@ -91,4 +91,4 @@ def rules(
         union(Tensor.where(Tensor.isnan(p), z, p)).with_(Tensor.nan_to_zero(p, z))
     )
     # A guard over a finite-masked attention never fires.
-    yield rewrite(Tensor.attend_z(q, k, x, b, s)).to(Tensor.attend(q, k, x, b, s), finite(b))
+    yield rewrite(Tensor.attend_z(q, k, x, b, s, g)).to(Tensor.attend(q, k, x, b, s, g), finite(b))

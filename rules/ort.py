@@ -31,7 +31,7 @@ def rules(
     )
     yield rule(Tensor.zero_bias(wq)).then(is_weight(Tensor.zero_bias(wq)))
 
-    yield rewrite(Tensor.mha(proj(wq, bq), proj(wk, bk), proj(wv, bv), b, s, n)).to(
+    yield rewrite(Tensor.mha(proj(wq, bq), proj(wk, bk), proj(wv, bv), b, s, f64(0.0), n)).to(
         Tensor.packed_attention(x, wq, wk, wv, bq, bk, bv, b, s, n),
         is_weight(wq),
         is_weight(wk),

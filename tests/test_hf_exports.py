@@ -16,6 +16,8 @@ from .conftest import DATA, assert_same_outputs, fused_op_count
 
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 MODELS = [m for m in MANIFEST["models"] if m["file"]]
+OTHER_SIZES = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10, "encoder_sequence": 5}
+"""A second, independent draw of input sizes (and padding) besides the export's own feeds."""
 
 
 def test_only_exporter_limitations_fail_to_export():
@@ -26,7 +28,21 @@ def test_only_exporter_limitations_fail_to_export():
     assert len(MODELS) >= 27
 
 
-CASES = [(m, t) for m in MODELS for t in ("ort", "onnx")]
+# No com.microsoft op soft-caps non-causal attention (GroupQueryAttention's softcap needs a proof that the mask
+# holds the causal one, which egfuse does not have yet): Gemma 2 fuses on `onnx` only, and `ort` says why.
+NOT_ON_ORT = {"softcap"}
+CASES = [(m, t) for m in MODELS for t in ("ort", "onnx") if t == "onnx" or not NOT_ON_ORT & set(m["flavour"])]
+UNFUSED = [m for m in MODELS if NOT_ON_ORT & set(m["flavour"])]
+
+
+@pytest.mark.parametrize("entry", UNFUSED, ids=[m["file"] for m in UNFUSED])
+def test_soft_capped_blocks_stay_whole_on_ort_and_say_why(entry):
+    path = DATA / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    result = egfuse.fuse(path, target="ort", feeds=feeds)
+    assert len(result.report.regions) == entry["blocks"] and result.report.fused == 0
+    assert all("soft-capped attention recognised" in r.reason for r in result.report.regions), str(result.report)
+    assert_same_outputs(onnx.load(path), result.model, feeds, atol=0.0)
 
 
 @pytest.mark.parametrize(("entry", "target"), CASES, ids=[f"{t}-{m['file']}" for m, t in CASES])
@@ -42,8 +58,7 @@ def test_every_block_fuses_and_matches(entry, target):
     original = onnx.load(path)
     assert_same_outputs(original, result.model, feeds)
     # A second, independent draw of inputs (other batch/sequence sizes, other padding).
-    dims = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10}
-    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=dims))
+    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=OTHER_SIZES))
 
 
 GQA = [m for m in MODELS if m["kv_heads"] < m["heads"]]
@@ -82,11 +97,13 @@ def test_kv_cache_concat_is_absorbed_and_present_outputs_kept(entry, target):
     result = egfuse.fuse(path, target=target, feeds=feeds)
     producers = {out: node for node in result.model.graph.node for out in node.output}
     presents = [o.name for o in original.graph.output if o.name.startswith("present")]
-    assert len(presents) == 2 * entry["blocks"]
     assert [o.name for o in result.model.graph.output] == [o.name for o in original.graph.output]
     fused = {"Attention", "MultiHeadAttention"}
-    assert all(producers[name].op_type in fused for name in presents), {n: producers[n].op_type for n in presents}
-    assert all("absorbed" in r.variants["kv cache"] for r in result.report.regions), str(result.report)
+    assert presents and all(producers[name].op_type in fused for name in presents), {
+        n: producers[n].op_type for n in presents
+    }
+    # One cache per self-attention; cached cross-attention K/V (BART) are inputs, with no Concat to absorb.
+    caches = [r.variants["kv cache"] for r in result.report.regions if "kv cache" in r.variants]
+    assert len(caches) == len(presents) // 2 and all("absorbed" in c for c in caches), str(result.report)
     assert_same_outputs(original, result.model, feeds)
-    dims = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10}
-    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=dims))
+    assert_same_outputs(original, result.model, validate.make_feeds(original, seed=7, dims=OTHER_SIZES))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import onnx
 import pytest
 
 import egfuse
 from egfuse import validate
-from egfuse.testing import CAUSAL, K_LAYOUTS, MASKS, SCALES, Variant, attention_model, feeds_for
+from egfuse.testing import CAUSAL, K_LAYOUTS, MASKS, SCALES, SOFTCAP, Variant, attention_model, feeds_for
 
 from .conftest import assert_same_outputs, fused_op_count
 
@@ -42,6 +44,57 @@ def test_spelling_fuses(field, value, target):
     assert fused_op_count(result.model, target) == 1
     assert_same_outputs(model, result.model, feeds)
     assert_same_outputs(model, result.model, feeds_for(model, seed=5, batch=3, seq=4))
+
+
+@pytest.mark.parametrize("spelling", ["div", "reciprocal"])
+def test_soft_capped_scores_fuse_into_the_softcap_attribute(spelling, target):
+    """Gemma 2's cap·tanh(scores/cap): the standard op's ``softcap``; MultiHeadAttention has none, so `ort`
+    keeps the region and says why."""
+    model = attention_model(BASE.replaced(softcap=spelling, mask="where_finfo"))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert_same_outputs(model, result.model, feeds)
+    (region,) = result.report.regions
+    assert region.variants["softcap"] == f"c·tanh(x/c), c = {SOFTCAP:g}"
+    if target == "ort":
+        assert region.status == "not fused" and "soft-capped attention recognised" in region.reason
+        return
+    assert region.status == "fused", str(result.report)
+    (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert {a.name: a.f for a in attention.attribute}["softcap"] == pytest.approx(SOFTCAP)
+    assert not [n for n in result.model.graph.node if n.op_type == "Tanh"]
+
+
+@pytest.mark.parametrize("inside", ["mask", "other_constant"])
+def test_a_cap_that_is_not_a_softcap_is_not_fused(inside, target):
+    """A mask added inside the tanh, or tanh(x/2)·3: neither is the op's softcap, so neither may fuse as one."""
+    if inside == "mask":
+        model = _cap_softmax_input(attention_model(BASE))
+    else:
+        model = attention_model(BASE.replaced(softcap="div"))
+        tanh = next(n for n in model.graph.node if n.op_type == "Tanh")
+        outer = next(n for n in model.graph.node if n.op_type == "Mul" and tanh.output[0] in n.input)
+        (constant,) = [i for i in outer.input if i != tanh.output[0]]
+        init = next(t for t in model.graph.initializer if t.name == constant)
+        init.CopyFrom(onnx.numpy_helper.from_array(np.array(3.0, np.float32), constant))
+    result = egfuse.fuse(model, target=target, validate=False)  # the algebra refuses it, not validation
+    assert result.report.fused == 0, str(result.report)
+
+
+def _cap_softmax_input(model: onnx.ModelProto) -> onnx.ModelProto:
+    """cap·tanh(x/cap) spliced in front of the Softmax, so around the scores *and* the mask."""
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(SOFTCAP, np.float32), "cap"))
+    nodes = [
+        onnx.helper.make_node("Div", [softmax.input[0], "cap"], ["capped_in"]),
+        onnx.helper.make_node("Tanh", ["capped_in"], ["capped_tanh"]),
+        onnx.helper.make_node("Mul", ["capped_tanh", "cap"], ["capped"]),
+    ]
+    softmax.input[0] = "capped"
+    index = list(model.graph.node).index(softmax)
+    for offset, node in enumerate(nodes):
+        model.graph.node.insert(index + offset, node)
+    return model
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2], ids=["mqa", "gqa"])

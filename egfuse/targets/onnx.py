@@ -41,12 +41,14 @@ class OnnxTarget(Target):
         return fill
 
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
-        q, k, v, bias, scale = node.args[:5]
+        q, k, v, bias, scale, cap = node.args[:6]
         seq_axis = 1 if node.op == "mha" else 2
         inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=node.op != "mha")
         attrs: dict[str, object] = {"scale": float(scale)}
+        if float(cap) != 0.0:
+            attrs["softcap"] = float(cap)
         if node.op == "mha":
-            heads = int(node.args[5])
+            heads = int(node.args[6])
             attrs.update(q_num_heads=heads, kv_num_heads=heads)
         if cache is not None:
             args = [*inputs, mask, cache.past_key, cache.past_value]

@@ -23,9 +23,15 @@ class OrtTarget(Target):
     fused_costs = {"mha": 12.0, "mha_kv4": 12.5, "packed_attention": 12.0}  # noqa: RUF012
     opsets = {"com.microsoft": 1}  # noqa: RUF012
 
+    def cost(self, node: ENode) -> float | None:
+        # MultiHeadAttention has no softcap attribute (GroupQueryAttention's is causal-only).
+        if node.op in ("mha", "mha_kv4") and float(node.args[5]) != 0.0:
+            return None
+        return super().cost(node)
+
     def emit(self, node: ENode, e: Emitter) -> ir.Value:
         if node.op in ("mha", "mha_kv4"):
-            q, k, v, bias, scale, heads = node.args
+            q, k, v, bias, scale, _cap, heads = node.args
             # (B, S, N·H) query; key (B, T, N·H) for mha, (B, N, T, H) for mha_kv4 (which may come from a cache)
             kv4 = node.op == "mha_kv4"
             inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4)
