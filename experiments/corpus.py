@@ -174,40 +174,20 @@ _vit = _hf(
 )
 _whisper_encoder = _hf("WhisperConfig", "WhisperModel", _audio, {**SEQ2SEQ_SIZES, **WHISPER_SIZES}, _encoder)
 _whisper = _hf("WhisperConfig", "WhisperModel", _audio_and_ids, {**SEQ2SEQ_SIZES, **WHISPER_SIZES, **NO_CACHE})
-_gpt2 = _hf(
-    "GPT2Config",
-    "GPT2Model",
-    _ids,
-    {"vocab_size": VOCAB, "n_embd": HIDDEN, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64, **NO_CACHE},
-)
-_llama = _hf(
-    "LlamaConfig",
-    "LlamaModel",
-    _ids,
-    {
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS // 2,
-        "max_position_embeddings": 64,
-        **NO_CACHE,
-    },
-)
+GPT2_SIZES = {"vocab_size": VOCAB, "n_embd": HIDDEN, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64}
+LLAMA_SIZES = {  # Llama and Gemma 2: grouped K/V heads (two query heads per K/V head)
+    "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": LAYERS,
+    "num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2, "max_position_embeddings": 64,
+}  # fmt: skip
+_gpt2 = _hf("GPT2Config", "GPT2Model", _ids, {**GPT2_SIZES, **NO_CACHE})
+_llama = _hf("LlamaConfig", "LlamaModel", _ids, {**LLAMA_SIZES, **NO_CACHE})
 _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
     "Gemma2Config",
     "Gemma2Model",
     _ids,
     {
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS // 2,
+        **LLAMA_SIZES,
         "head_dim": HIDDEN // HEADS,
-        "max_position_embeddings": 64,
         "sliding_window": 4,  # shorter than the feeds, so the window masks something
         "attn_logit_softcapping": 2.0,  # Gemma 2 uses 50; small enough here to change the random scores
         **NO_CACHE,
@@ -283,8 +263,7 @@ def _gpt2_past(impl: str):
     def config():
         from transformers import GPT2Config
 
-        return GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
-                          attn_implementation=impl)  # fmt: skip
+        return GPT2Config(**GPT2_SIZES, attn_implementation=impl)
 
     return _with_past(config, from_config, HEADS)
 
@@ -295,9 +274,7 @@ def _llama_past(impl: str):
     def config():
         from transformers import LlamaConfig
 
-        return LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, num_key_value_heads=HEADS // 2, max_position_embeddings=64,
-                           attn_implementation=impl)  # fmt: skip
+        return LlamaConfig(**LLAMA_SIZES, attn_implementation=impl)
 
     return _with_past(config, from_config, HEADS // 2)
 
