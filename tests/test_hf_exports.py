@@ -4,6 +4,7 @@ every self-attention block fuses for both targets and the fused model matches th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,6 +17,14 @@ from .conftest import DATA, assert_same_outputs, fused_op_count
 
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 MODELS = [m for m in MANIFEST["models"] if m["file"]]
+
+
+def _model_and_feeds(entry: dict) -> tuple[Path, dict[str, np.ndarray]]:
+    """An export's path and the feeds it was exported with (saved beside it)."""
+    path = DATA / entry["file"]
+    return path, dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+
+
 OTHER_SIZES = {"batch": 3, "sequence": 6, "past_sequence": 4, "total_sequence": 10, "encoder_sequence": 5}
 """A second, independent draw of input sizes (and padding) besides the export's own feeds."""
 
@@ -37,8 +46,7 @@ UNFUSED = [m for m in MODELS if NOT_ON_ORT & set(m["flavour"])]
 
 @pytest.mark.parametrize("entry", UNFUSED, ids=[m["file"] for m in UNFUSED])
 def test_soft_capped_blocks_stay_whole_on_ort_and_say_why(entry):
-    path = DATA / entry["file"]
-    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    path, feeds = _model_and_feeds(entry)
     result = egfuse.fuse(path, target="ort", feeds=feeds)
     assert len(result.report.regions) == entry["blocks"] and result.report.fused == 0
     assert all("soft-capped attention recognised" in r.reason for r in result.report.regions), str(result.report)
@@ -47,8 +55,7 @@ def test_soft_capped_blocks_stay_whole_on_ort_and_say_why(entry):
 
 @pytest.mark.parametrize(("entry", "target"), CASES, ids=[f"{t}-{m['file']}" for m, t in CASES])
 def test_every_block_fuses_and_matches(entry, target):
-    path = DATA / entry["file"]
-    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    path, feeds = _model_and_feeds(entry)
     result = egfuse.fuse(path, target=target, feeds=feeds)
     report = result.report
     assert report.fused == entry["blocks"] == len(report.regions), str(report)
@@ -67,8 +74,7 @@ GQA = [m for m in MODELS if m["kv_heads"] < m["heads"]]
 @pytest.mark.parametrize("entry", GQA, ids=[m["file"] for m in GQA])
 def test_gqa_fuses_with_native_kv_heads(entry):
     """The standard op takes K/V with their own (fewer) heads: the repeat_kv copy is gone."""
-    path = DATA / entry["file"]
-    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    path, feeds = _model_and_feeds(entry)
     result = egfuse.fuse(path, target="onnx", feeds=feeds)
     attention = [n for n in result.model.graph.node if n.op_type == "Attention"]
     assert len(attention) == entry["blocks"]
@@ -91,8 +97,7 @@ CACHED = [
 
 @pytest.mark.parametrize(("entry", "target"), CACHED, ids=[f"{t}-{m['file']}" for m, t in CACHED])
 def test_kv_cache_concat_is_absorbed_and_present_outputs_kept(entry, target):
-    path = DATA / entry["file"]
-    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    path, feeds = _model_and_feeds(entry)
     original = onnx.load(path)
     result = egfuse.fuse(path, target=target, feeds=feeds)
     producers = {out: node for node in result.model.graph.node for out in node.output}
