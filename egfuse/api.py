@@ -30,9 +30,8 @@ from egfuse.report import RegionReport, Report
 from egfuse.rules import TARGET_RULES
 from egfuse.session import EClass, Session
 from egfuse.targets import get_target
-from egfuse.targets.base import FUSED
-
-STANDARD_ATTENTION_OPSET = 23
+from egfuse.targets.base import DOMAIN_OPSETS, FUSED, STANDARD_ATTENTION_OPSET, Target
+from egfuse.targets.ort import OrtTarget
 
 
 @dataclass
@@ -71,13 +70,23 @@ def fuse(
 ) -> FuseResult:
     """Fuse every attention block of ``model`` for ``target`` ("ort" or "onnx"), proven on onnxruntime."""
     start = time.perf_counter()
-    get_target(target)  # fail early on an unknown name
+    chosen = get_target(target)  # fail early on an unknown name
     loaded = load(model)
     original = loaded.proto
-    prepared, prepare_note = _prepare(loaded, target, validate)
+    prepared, prepare_note = _prepare(loaded, chosen, validate)
     budgets = budgets or Budgets()
     excluded: dict[int, tuple[str, float]] = {}
-    fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
+    fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
+    opset_note = None
+    if _needs_standard_opset(prepared, fused_proto):
+        converted, chosen, opset_note = _admit_standard_attention(loaded, prepared)
+        if converted is not None and _same_nodes(converted, loaded.proto):
+            # The conversion only renumbered the opset: what was fused stands, under the new number.
+            prepared = _bump_opset(prepared, STANDARD_ATTENTION_OPSET)
+            fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
+        else:
+            prepared = infer_shapes(converted) if converted is not None else prepared
+            fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
     if validate and report.fused:
         t0 = time.perf_counter()
         for _ in range(3):
@@ -86,7 +95,7 @@ def fuse(
                 break
             note = report.validation_note
             excluded.update(failing)
-            fused_proto, report = _fuse_once(prepared, target, budgets, excluded, loaded.source)
+            fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
             if report.fused:
                 _validate(original, fused_proto, report, feeds)
             else:
@@ -102,6 +111,8 @@ def fuse(
                 "the opset bump needed for the standard Attention op did not validate; use --target ort",
                 path=loaded.source,
             )
+    if opset_note and report.fused:
+        report.notes.append(opset_note)
     if not report.fused:
         fused_proto = original  # nothing to gain: hand back the model exactly as it came
     report.stats["seconds_total"] = time.perf_counter() - start
@@ -111,11 +122,11 @@ def fuse(
 # --- stages -------------------------------------------------------------------------------------------------
 
 
-def _prepare(loaded: LoadedModel, target: str, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
+def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
     """Raise the opset where the target needs it and infer shapes; returns the model and a note for the report."""
     proto, note = loaded.proto, None
     old = default_opset(proto)
-    if target == "onnx" and old < STANDARD_ATTENTION_OPSET:
+    if target.name == "onnx" and old < STANDARD_ATTENTION_OPSET:
         try:
             proto = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
         except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
@@ -133,6 +144,50 @@ def _prepare(loaded: LoadedModel, target: str, will_validate: bool) -> tuple[onn
             )
         proto.ir_version = max(proto.ir_version, 10)
     return infer_shapes(proto), note
+
+
+def _needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
+    """A target that may choose the standard op (``ort``) chose it in a model below opset 23."""
+    if default_opset(prepared) >= STANDARD_ATTENTION_OPSET:
+        return False
+    return any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in fused.graph.node)
+
+
+def _admit_standard_attention(
+    loaded: LoadedModel, prepared: onnx.ModelProto
+) -> tuple[onnx.ModelProto | None, Target, str]:
+    """The model converted to opset 23, for ``ort`` to use the standard op where it runs fastest — or, where
+    onnx's converter cannot convert it, None and a target that does without the standard op (grouped K/V
+    heads are then repeated for MultiHeadAttention). Unlike the ``onnx`` target, ``ort`` has that fallback,
+    so no unconverted opset bump is ever tried here."""
+    old = default_opset(prepared)
+    try:
+        converted = onnx.version_converter.convert_version(loaded.proto, STANDARD_ATTENTION_OPSET)
+    except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
+        reason = str(err).strip().splitlines()[-1][-160:] if str(err).strip() else type(err).__name__
+        note = (
+            f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}), "
+            "so the standard Attention op was not used (grouped K/V heads are repeated for MultiHeadAttention)"
+        )
+        return None, OrtTarget(standard_attention=False), note
+    converted.ir_version = max(converted.ir_version, 10)
+    note = (
+        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard Attention op, "
+        "which onnxruntime runs fastest on (B, N, S, H) inputs and grouped K/V heads"
+    )
+    return converted, OrtTarget(standard_attention=True), note
+
+
+def _same_nodes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """The same computation node for node (the converter drops nodes' metadata, which is not computation)."""
+
+    def key(n: onnx.NodeProto) -> tuple:
+        attrs = tuple(x.SerializeToString(deterministic=True) for x in n.attribute)
+        return n.op_type, n.domain, tuple(n.input), tuple(n.output), attrs
+
+    return len(a.graph.node) == len(b.graph.node) and all(
+        key(x) == key(y) for x, y in zip(a.graph.node, b.graph.node, strict=True)
+    )
 
 
 def _bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
@@ -172,12 +227,12 @@ def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
 
 def _fuse_once(
     prepared: onnx.ModelProto,
-    target_name: str,
+    target: Target,
     budgets: Budgets,
     excluded: dict[int, tuple[str, float]],
     source: str,
 ) -> tuple[onnx.ModelProto, Report]:
-    target = get_target(target_name)
+    target_name = target.name
     model = ir.serde.deserialize_model(prepared)
     graph = model.graph
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
@@ -214,6 +269,7 @@ def _fuse_once(
     runnable = set(target.fused_costs)
 
     any_fused = masked = False
+    domains: set[str] = set()
     no_bias_classes = {cid for cid, nodes in classes.items() if any(n.op == "no_bias" for n in nodes)}
     for region in regions:
         entry = RegionReport(
@@ -259,10 +315,11 @@ def _fuse_once(
         for old, new in replacements:
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
-        entry.fused_into = _op_label(target, fused_ops[0])
+        entry.fused_into = target.op_label(fused_ops[0])
+        domains.update(target.op_domain(op) for op in fused_ops)
         if emitter.cache_note is not None:
             entry.variants["kv cache"] = emitter.cache_note
-        masked = masked or (target_name == "onnx" and fused_ops[0].args[3] not in no_bias_classes)
+        masked = masked or (target.op_domain(fused_ops[0]) == "" and fused_ops[0].args[3] not in no_bias_classes)
         any_fused = True
 
     if masked:
@@ -272,9 +329,9 @@ def _fuse_once(
             "finfo.min to keep the mean, and validation checks padded inputs"
         )
     if any_fused:
-        for domain, version in target.opsets.items():
-            if model.opset_imports.get(domain, 0) < version:
-                model.opset_imports[domain] = version
+        for domain in domains:
+            if model.opset_imports.get(domain, 0) < DOMAIN_OPSETS[domain]:
+                model.opset_imports[domain] = DOMAIN_OPSETS[domain]
         ir_passes.RemoveUnusedNodesPass()(model)
         ir_passes.TopologicalSortPass()(model)
     out = ir.serde.serialize_model(model)
@@ -295,11 +352,6 @@ def _fused_ops(cid: EClass, choice: dict) -> list:
             found.append(node)
         stack.extend(node.children)
     return found
-
-
-def _op_label(target, node) -> str:
-    name = target.op_name(node)
-    return f"com.microsoft.{name}" if target.name == "ort" else name
 
 
 def _validate(

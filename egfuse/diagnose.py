@@ -116,7 +116,7 @@ def why_not(
             return "softmax input is not recognised as scale·Q·Kᵀ (+ mask): K layout, scale or Q rank not understood"
         return "softmax input is not scale·Q·Kᵀ plus an additive or select mask"
     found = ops(pv.outputs[0])
-    if not found & {"attend", "attend_z", "mha"}:
+    if not found & {"attend", "attend_z", "mha", "gqa"}:
         return "probabilities @ V not recognised (V is not a rank-4 (B, N, S, H) tensor)"
     cid = class_of.get(pv.outputs[0])
     capped = any(n.op in ("attend", "attend_z") and float(n.args[5]) != 0.0 for n in classes.get(cid, []))

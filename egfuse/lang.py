@@ -143,6 +143,21 @@ class Tensor(Expr):
         the standard op's 3D form (``q_num_heads``)."""
 
     @classmethod
+    def gqa(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor,
+        scale: f64Like,
+        cap: f64Like,
+        heads: StringLike,
+        kv_heads: StringLike,
+    ) -> Tensor:
+        """``mha`` whose K and V have fewer heads (B, T, N_kv·H): the standard op's 3D form with ``q_num_heads``
+        ≠ ``kv_num_heads``. No contrib op takes it without a causal mask (GroupQueryAttention is causal)."""
+
+    @classmethod
     def mha_kv4(
         cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like, heads: StringLike
     ) -> Tensor:

@@ -181,7 +181,7 @@ class Emitter:
         node = self.choice[cid].node
         if depth > 16:
             return None
-        if node.op in ("mha", "mha_kv4", "packed_attention"):
+        if node.op in ("mha", "gqa", "mha_kv4", "packed_attention"):
             return 3
         if node.op in ("attend", "attend_z"):
             return 4

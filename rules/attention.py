@@ -4,7 +4,7 @@ and ``attend`` over head-split inputs is ``mha`` over the unsplit ones. Soft-cap
 
 from __future__ import annotations
 
-from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
+from egglog import String, eq, f64, i64, ne, rewrite, rule, ruleset, union
 
 from egfuse.lang import Tensor, dim_of, rank_of
 
@@ -30,6 +30,7 @@ def rules(
     h: String,
     hk: String,
     hv: String,
+    nk: String,
 ):
     for logits, cap in ((Tensor.scores(q, k, s), f64(NO_CAP)), (Tensor.softcap(Tensor.scores(q, k, s), c), c)):
         yield rewrite(Tensor.softmax(logits)).to(Tensor.probs(q, k, Tensor.no_bias(), s, cap))
@@ -65,4 +66,8 @@ def rules(
     # The head split commutes with attention: attend(split(q), split(k), split(v)) = split(mha(q, k, v)).
     yield rewrite(Tensor.attend(heads_first(q, n, h), heads_first(k, n, hk), heads_first(v, n, hv), b, s, c)).to(
         heads_first(Tensor.mha(q, k, v, b, s, c, n), n, hv)
+    )
+    # ... and with fewer K/V heads (GQA/MQA projections split into N_kv heads), the grouped 3D form.
+    yield rewrite(Tensor.attend(heads_first(q, n, h), heads_first(k, nk, hk), heads_first(v, nk, hv), b, s, c)).to(
+        heads_first(Tensor.gqa(q, k, v, b, s, c, n, nk), n, hv), ne(n).to(nk)
     )

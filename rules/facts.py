@@ -24,6 +24,9 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.mha(a, b, c, d, x, y, n), rank_of(a) == r).then(
         set_(rank_of(Tensor.mha(a, b, c, d, x, y, n))).to(r)
     )
+    yield rule(Tensor.gqa(a, b, c, d, x, y, n, h), rank_of(a) == r).then(
+        set_(rank_of(Tensor.gqa(a, b, c, d, x, y, n, h))).to(r)
+    )
     yield rule(Tensor.mha_kv4(a, b, c, d, x, y, n)).then(set_(rank_of(Tensor.mha_kv4(a, b, c, d, x, y, n))).to(i64(3)))
     yield rule(Tensor.attend(a, b, c, d, x, y)).then(set_(rank_of(Tensor.attend(a, b, c, d, x, y))).to(i64(4)))
     yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1))

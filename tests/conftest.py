@@ -46,7 +46,7 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-FUSED_OPS = {"onnx": "Attention", "ort": ("com.microsoft.Attention", "com.microsoft.MultiHeadAttention")}
+FUSED_OPS = {"onnx": "Attention", "ort": ("com.microsoft.Attention", "com.microsoft.MultiHeadAttention", "Attention")}
 
 
 def fused_op_count(model: onnx.ModelProto, target: str) -> int:

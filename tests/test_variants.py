@@ -11,6 +11,7 @@ import pytest
 
 import egfuse
 from egfuse import validate
+from egfuse.load import default_opset
 from egfuse.testing import CAUSAL, K_LAYOUTS, MASKS, SCALES, SOFTCAP, Variant, attention_model, feeds_for
 
 from .conftest import assert_same_outputs, fused_op_count
@@ -48,19 +49,17 @@ def test_spelling_fuses(field, value, target):
 
 @pytest.mark.parametrize("spelling", ["div", "reciprocal"])
 def test_soft_capped_scores_fuse_into_the_softcap_attribute(spelling, target):
-    """Gemma 2's cap·tanh(scores/cap): the standard op's ``softcap``; MultiHeadAttention has none, so `ort`
-    keeps the region and says why."""
+    """Gemma 2's cap·tanh(scores/cap): the standard op's ``softcap`` (MultiHeadAttention has none, so `ort`
+    writes the standard op too)."""
     model = attention_model(BASE.replaced(softcap=spelling, mask="where_finfo"))
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
     assert_same_outputs(model, result.model, feeds)
     (region,) = result.report.regions
     assert region.variants["softcap"] == f"c·tanh(x/c), c = {SOFTCAP:g}"
-    if target == "ort":
-        assert region.status == "not fused" and "soft-capped attention recognised" in region.reason
-        return
     assert region.status == "fused", str(result.report)
     (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert attention.domain == ""
     assert {a.name: a.f for a in attention.attribute}["softcap"] == pytest.approx(SOFTCAP)
     assert not [n for n in result.model.graph.node if n.op_type == "Tanh"]
 
@@ -99,7 +98,8 @@ def _cap_softmax_input(model: onnx.ModelProto) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("kv_heads", [1, 2], ids=["mqa", "gqa"])
 def test_grouped_kv_heads_fuse(kv_heads, target):
-    """repeat_kv (Unsqueeze → Expand → Reshape) disappears on `onnx`: the op takes the K/V heads as they are."""
+    """repeat_kv (Unsqueeze → Expand → Reshape) disappears: the standard op takes the K/V heads as they are
+    (`ort` too: onnxruntime runs it faster than MultiHeadAttention on repeated heads)."""
     model = attention_model(Variant(heads=4, kv_heads=kv_heads, k_layout="transpose_0132"))
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -108,8 +108,26 @@ def test_grouped_kv_heads_fuse(kv_heads, target):
     fused = next(n for n in result.model.graph.node if n.op_type in ("Attention", "MultiHeadAttention"))
     key = validate.run(result.model, feeds, [fused.input[1]])[fused.input[1]]
     key_heads = key.shape[1] if key.ndim == 4 else key.shape[-1] // 8  # (B, N, T, H) or (B, T, N·H), H = 8
-    # `ort`: MultiHeadAttention has no grouped heads, so K/V are repeated to all 4 query heads.
-    assert key_heads == (kv_heads if target == "onnx" else 4)
+    assert (fused.op_type, fused.domain, key_heads) == ("Attention", "", kv_heads)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_ort_repeats_grouped_heads_where_the_opset_cannot_be_raised(monkeypatch):
+    """The standard op needs opset 23. Where onnx's version converter refuses a model, `ort` does without it:
+    MultiHeadAttention on K/V repeated to every query head, validated, and the report says why."""
+
+    def refuse(model, version):
+        raise RuntimeError("No Adapter For Resize from opset 18 to 19")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
+    model = attention_model(Variant(heads=4, kv_heads=2, k_layout="transpose_0132"))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target="ort", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    (fused,) = [n for n in result.model.graph.node if n.op_type in ("Attention", "MultiHeadAttention")]
+    assert (fused.domain, fused.op_type) == ("com.microsoft", "MultiHeadAttention")
+    assert any("could not convert" in note and "repeated" in note for note in result.report.notes)
+    assert default_opset(result.model) == default_opset(model) < 23
     assert_same_outputs(model, result.model, feeds)
 
 

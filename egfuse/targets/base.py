@@ -23,15 +23,20 @@ PRIMITIVE_COSTS: dict[str, float] = {
     "repeat_heads": 2.0, "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
 }  # fmt: skip
 
-FUSED = frozenset({"attend", "attend_z", "mha", "mha_kv4", "packed_attention"})
+FUSED = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
 """Constructors that are one fused attention op when emitted."""
+
+STANDARD_ATTENTION_OPSET = 23
+"""The default-domain opset that defines the standard ``Attention`` op."""
+
+DOMAIN_OPSETS = {"": STANDARD_ATTENTION_OPSET, "com.microsoft": 1}
+"""The opset each domain of a fused op needs imported."""
 
 
 class Target:
     name: ClassVar[str]
     description: ClassVar[str]
     fused_costs: ClassVar[dict[str, float]]
-    opsets: ClassVar[dict[str, int]]  # domain → minimum version the emitted ops need
 
     def cost(self, node: ENode) -> float | None:
         if node.op in PRIMITIVE_COSTS:
@@ -39,8 +44,15 @@ class Target:
         return self.fused_costs.get(node.op)
 
     def mask_fill(self, fill: float, dtype: np.dtype) -> float:
-        """The number to write for a mask fill so the target's kernel computes what the graph did: a kernel
-        may read some values specially (onnxruntime's standard ``Attention`` reads ``lowest`` as −inf)."""
+        """The number to write for a select mask's fill so every kernel computes what the graph did.
+
+        onnxruntime's standard ``Attention`` reads a mask entry equal to ``lowest`` (finfo.min) as −inf and
+        gives 0 for a query row masked entirely that way, where the primitive ops give the mean of V. One ulp
+        above ``lowest`` means the same to the graph's algebra (added to any score it still rounds to the fill
+        itself, so a fully masked row stays uniform) and to every kernel, so all targets write that."""
+        lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
+        if lowest is not None and fill == float(lowest):
+            return float(np.nextafter(lowest, dtype.type(0)))
         return fill
 
     def emit(self, node: ENode, emitter: Emitter) -> ir.Value:
@@ -49,3 +61,11 @@ class Target:
     def op_name(self, node: ENode) -> str:
         """The fused op this target writes for ``node`` (for reports)."""
         raise NotImplementedError
+
+    def op_domain(self, node: ENode) -> str:
+        """The domain of the fused op written for ``node`` ("" is the standard one)."""
+        return ""
+
+    def op_label(self, node: ENode) -> str:
+        domain = self.op_domain(node)
+        return f"{domain}.{self.op_name(node)}" if domain else self.op_name(node)
