@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", nargs="+", default=TOOLS)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--smoke", action="store_true", help="a few models, one tool each (for CI)")
+    parser.add_argument(
+        "--update", action="store_true", help="re-measure only --tools; keep the other tools' rows from coverage.json"
+    )
     args = parser.parse_args(argv)
     manifest = json.loads((args.corpus / "manifest.json").read_text())
     entries = manifest["models"]
@@ -97,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         bad = [r for r in rows if r["correct_blocks"] < r["expected"] and r["tool"].startswith("egfuse")]
         print("smoke:", "ok" if not bad else f"{len(bad)} egfuse rows below expectation")
         return 1 if bad else 0
-    write(rows, failed_exports, args.tools)
+    tools = args.tools
+    if args.update:  # the same corpus, other tools as last measured
+        kept = [r for r in json.loads((RESULTS / "coverage.json").read_text())["rows"] if r["tool"] not in tools]
+        tools = [t for t in TOOLS if t in tools or any(r["tool"] == t for r in kept)]
+        rows = sorted(kept + rows, key=lambda r: tools.index(r["tool"]))
+    write(rows, failed_exports, tools)
     return 0
 
 
