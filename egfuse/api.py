@@ -18,7 +18,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
-from egfuse import diagnose, validate
+from egfuse import diagnose, protos, validate
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
 from egfuse.facts import SAME_SHAPE, GraphFacts
@@ -128,7 +128,7 @@ def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[
     old = default_opset(proto)
     if target.name == "onnx" and old < STANDARD_ATTENTION_OPSET:
         try:
-            proto = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
+            proto = protos.convert_version(proto, STANDARD_ATTENTION_OPSET)
         except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
             reason = str(err).strip().splitlines()[-1][-160:]
             if not will_validate:
@@ -162,7 +162,7 @@ def _admit_standard_attention(
     so no unconverted opset bump is ever tried here."""
     old = default_opset(prepared)
     try:
-        converted = onnx.version_converter.convert_version(loaded.proto, STANDARD_ATTENTION_OPSET)
+        converted = protos.convert_version(loaded.proto, STANDARD_ATTENTION_OPSET)
     except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
         reason = str(err).strip().splitlines()[-1][-160:] if str(err).strip() else type(err).__name__
         note = (
@@ -202,6 +202,12 @@ def _bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
 def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
     """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
     17): their output takes their input's shape, and inference runs again from there."""
+    if protos.is_large(proto):  # inference serializes the model: run it on the graph without the weights
+        return protos.restore_weights(_infer_shapes(protos.skeleton(proto), rounds), proto)
+    return _infer_shapes(proto, rounds)
+
+
+def _infer_shapes(proto: onnx.ModelProto, rounds: int) -> onnx.ModelProto:
     for _ in range(rounds):
         try:
             proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
@@ -410,7 +416,7 @@ def _short(err: BaseException) -> str:
 def save_model(model: onnx.ModelProto, path: Path, *, external_data: bool | None = None) -> None:
     path = Path(path)
     if external_data is None:
-        external_data = model.ByteSize() > 1_800_000_000
+        external_data = protos.is_large(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:

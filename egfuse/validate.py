@@ -9,11 +9,15 @@ failing region can be rolled back alone.
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from egfuse import protos
 
 ATOL = 1e-4
 RTOL = 1e-3
@@ -115,7 +119,12 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    if not protos.is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    # Too large for one protobuf message: onnxruntime reads it from a file with the weights beside it.
+    with tempfile.TemporaryDirectory(prefix="egfuse-validate-") as workdir:
+        path = protos.save_with_external_data(model, Path(workdir) / "model.onnx")
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
@@ -94,3 +95,28 @@ def test_external_data_stays_external(model, tmp_path):
     assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in raw.graph.initializer)
     assert_same_outputs(model, onnx.load(out), feeds_for(model))
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
+    """A model over 2 GB cannot be serialized: shape inference and the version converter then run on a
+    skeleton without the weights, and onnxruntime reads it from a file with external data. Forcing those
+    paths on a small model (a TorchScript Llama: opset conversion changes its nodes) must give the same model."""
+    from egfuse import protos
+
+    from .conftest import DATA
+
+    path = DATA / "llama_past_eager.torchscript.onnx"
+    feeds = dict(np.load(DATA / "llama_past_eager.torchscript.feeds.npz"))
+    expected = egfuse.fuse(path, target=target, feeds=feeds)
+    monkeypatch.setattr(protos, "LARGE_BYTES", -1)
+    monkeypatch.setattr(protos, "_SMALL_TENSOR", 16)
+    original = onnx.load(path)
+    assert protos.is_large(original)
+    assert any(not t.raw_data for t in protos.skeleton(original).graph.initializer)
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.validated is True and result.report.fused == expected.report.fused == 2, str(result.report)
+    assert [(n.op_type, list(n.input)) for n in result.model.graph.node] == [
+        (n.op_type, list(n.input)) for n in expected.model.graph.node
+    ]
+    assert_same_outputs(original, result.model, feeds)
