@@ -127,22 +127,21 @@ def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[
     proto, note = loaded.proto, None
     old = default_opset(proto)
     if target.name == "onnx" and old < STANDARD_ATTENTION_OPSET:
-        try:
-            proto = protos.convert_version(proto, STANDARD_ATTENTION_OPSET)
-        except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
-            reason = str(err).strip().splitlines()[-1][-160:]
-            if not will_validate:
-                raise EgfuseError(
-                    f"cannot convert opset {old} to {STANDARD_ATTENTION_OPSET} for the standard Attention op "
-                    f"({reason}); enable validation to try a plain opset bump, or use --target ort",
-                    path=loaded.source,
-                ) from None
-            proto = _bump_opset(proto, STANDARD_ATTENTION_OPSET)
+        converted, reason = _to_standard_opset(proto)
+        if converted is None and not will_validate:
+            raise EgfuseError(
+                f"cannot convert opset {old} to {STANDARD_ATTENTION_OPSET} for the standard Attention op "
+                f"({reason}); enable validation to try a plain opset bump, or use --target ort",
+                path=loaded.source,
+            )
+        if converted is None:
+            converted = _bump_opset(proto, STANDARD_ATTENTION_OPSET)
+            converted.ir_version = max(converted.ir_version, 10)
             note = (
                 f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}); "
                 "the opset import was raised as is and the result checked on onnxruntime"
             )
-        proto.ir_version = max(proto.ir_version, 10)
+        proto = converted
     return infer_shapes(proto), note
 
 
@@ -161,21 +160,29 @@ def _admit_standard_attention(
     heads are then repeated for MultiHeadAttention). Unlike the ``onnx`` target, ``ort`` has that fallback,
     so no unconverted opset bump is ever tried here."""
     old = default_opset(prepared)
-    try:
-        converted = protos.convert_version(loaded.proto, STANDARD_ATTENTION_OPSET)
-    except Exception as err:  # the converter raises bare RuntimeErrors with C++ text
-        reason = str(err).strip().splitlines()[-1][-160:] if str(err).strip() else type(err).__name__
+    converted, reason = _to_standard_opset(loaded.proto)
+    if converted is None:
         note = (
             f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}), "
             "so the standard Attention op was not used (grouped K/V heads are repeated for MultiHeadAttention)"
         )
         return None, OrtTarget(standard_attention=False), note
-    converted.ir_version = max(converted.ir_version, 10)
     note = (
         f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard Attention op, "
         "which onnxruntime runs fastest on (B, N, S, H) inputs and grouped K/V heads"
     )
     return converted, OrtTarget(standard_attention=True), note
+
+
+def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
+    """onnx's version converter to opset 23 (IR version 10 at least), or None and why it refused."""
+    try:
+        converted = protos.convert_version(proto, STANDARD_ATTENTION_OPSET)
+    except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why
+        text = str(err).strip()
+        return None, text.splitlines()[-1][-160:] if text else type(err).__name__
+    converted.ir_version = max(converted.ir_version, 10)
+    return converted, ""
 
 
 def _same_nodes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
