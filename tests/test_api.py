@@ -8,10 +8,11 @@ import onnx_ir as ir
 import pytest
 
 import egfuse
+from egfuse import protos
 from egfuse.passes import FuseAttentionPass
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs, fused_op_count
+from .conftest import DATA, assert_same_outputs, fused_op_count
 
 
 @pytest.fixture
@@ -102,10 +103,6 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     """A model over 2 GB cannot be serialized: shape inference and the version converter then run on a
     skeleton without the weights, and onnxruntime reads it from a file with external data. Forcing those
     paths on a small model (a TorchScript Llama: opset conversion changes its nodes) must give the same model."""
-    from egfuse import protos
-
-    from .conftest import DATA
-
     path = DATA / "llama_past_eager.torchscript.onnx"
     feeds = dict(np.load(DATA / "llama_past_eager.torchscript.feeds.npz"))
     expected = egfuse.fuse(path, target=target, feeds=feeds)
