@@ -1,6 +1,7 @@
 """``fuse()``: the one place that knows the order of the stages.
 
-load → prepare (opset, shapes, facts) → regions → lower → saturate → extract → raise → validate → report.
+load → prepare (opset, shapes, facts) → rotations (RoPE, proven and written apart) → regions → lower → saturate
+→ extract → raise → validate → report.
 A region whose fused outputs disagree with the original on onnxruntime is rolled back (the pipeline is
 re-run with it excluded) and the report says by how much it was off.
 """
@@ -26,7 +27,8 @@ from egfuse.load import LoadedModel, ModelLike, default_opset, load
 from egfuse.lower import Lowerer
 from egfuse.raise_ import Emitter, replace_output
 from egfuse.regions import find_regions
-from egfuse.report import RegionReport, Report
+from egfuse.report import RegionReport, Report, RotaryReport
+from egfuse.rotary import RotaryWriter, find_rotations
 from egfuse.rules import TARGET_RULES
 from egfuse.session import EClass, Session
 from egfuse.targets import get_target
@@ -75,7 +77,7 @@ def fuse(
     original = loaded.proto
     prepared, prepare_note = _prepare(loaded, chosen, validate)
     budgets = budgets or Budgets()
-    excluded: dict[int, tuple[str, float]] = {}
+    excluded: dict[RegionKey, tuple[str, float]] = {}
     fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
     opset_note = None
     if _needs_standard_opset(prepared, fused_proto):
@@ -87,16 +89,20 @@ def fuse(
         else:
             prepared = infer_shapes(converted) if converted is not None else prepared
             fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
-    if validate and report.fused:
+    if validate and report.changed:
         t0 = time.perf_counter()
         for _ in range(3):
             failing = _validate(original, fused_proto, report, feeds)
             if not failing:
                 break
+            if any(isinstance(key, tuple) for key in failing):
+                # A rotation feeds its attention: an attention that differs may only be reading a wrong
+                # rotation, so the rotations go back first and the attention is judged again.
+                failing = {key: why for key, why in failing.items() if isinstance(key, tuple)}
             note = report.validation_note
             excluded.update(failing)
             fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
-            if report.fused:
+            if report.changed:
                 _validate(original, fused_proto, report, feeds)
             else:
                 report.validated, report.validation_note = None, note
@@ -106,14 +112,14 @@ def fuse(
         report.validation_note = "nothing was fused, so the model is unchanged"
     if prepare_note:
         report.validation_note = f"{report.validation_note}; {prepare_note}" if report.validation_note else prepare_note
-        if not report.validated and report.fused:
+        if not report.validated and report.changed:
             raise EgfuseError(
                 "the opset bump needed for the standard Attention op did not validate; use --target ort",
                 path=loaded.source,
             )
-    if opset_note and report.fused:
+    if opset_note and report.changed:
         report.notes.append(opset_note)
-    if not report.fused:
+    if not report.changed:
         fused_proto = original  # nothing to gain: hand back the model exactly as it came
     report.stats["seconds_total"] = time.perf_counter() - start
     return FuseResult(fused_proto, report, loaded)
@@ -146,10 +152,14 @@ def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[
 
 
 def _needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
-    """A target that may choose the standard op (``ort``) chose it in a model below opset 23."""
+    """A target that may choose the standard ops (``ort``) chose one in a model below opset 23."""
     if default_opset(prepared) >= STANDARD_ATTENTION_OPSET:
         return False
-    return any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in fused.graph.node)
+    return any(n.op_type in _STANDARD_OPS and n.domain in ("", "ai.onnx") for n in fused.graph.node)
+
+
+_STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding"})
+"""The default-domain ops egfuse writes that need opset 23."""
 
 
 def _admit_standard_attention(
@@ -164,12 +174,13 @@ def _admit_standard_attention(
     if converted is None:
         note = (
             f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}), "
-            "so the standard Attention op was not used (grouped K/V heads are repeated for MultiHeadAttention)"
+            "so the standard Attention and RotaryEmbedding ops were not used (grouped K/V heads are repeated for "
+            "MultiHeadAttention, RoPE stays as it was)"
         )
         return None, OrtTarget(standard_attention=False), note
     note = (
-        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard Attention op, "
-        "which onnxruntime runs fastest on (B, N, S, H) inputs and grouped K/V heads"
+        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard ops onnxruntime "
+        "runs fastest: Attention on (B, N, S, H) inputs and grouped K/V heads, RotaryEmbedding"
     )
     return converted, OrtTarget(standard_attention=True), note
 
@@ -242,7 +253,7 @@ def _fuse_once(
     prepared: onnx.ModelProto,
     target: Target,
     budgets: Budgets,
-    excluded: dict[int, tuple[str, float]],
+    excluded: dict[RegionKey, tuple[str, float]],
     source: str,
 ) -> tuple[onnx.ModelProto, Report]:
     target_name = target.name
@@ -251,6 +262,8 @@ def _fuse_once(
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
     facts = GraphFacts(graph)
+    # Rotations first: their outputs become plain values to the attention regions found after them.
+    rotated = _fuse_rotations(graph, facts, target, excluded, report)
     regions = find_regions(graph, facts)
     session = Session()
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
@@ -341,7 +354,9 @@ def _fuse_once(
             "(the primitive ops give NaN, or the mean of V); select-mask fills are written one ulp above "
             "finfo.min to keep the mean, and validation checks padded inputs"
         )
-    if any_fused:
+    if rotated:
+        domains.add("")
+    if any_fused or rotated:
         for domain in domains:
             if model.opset_imports.get(domain, 0) < DOMAIN_OPSETS[domain]:
                 model.opset_imports[domain] = DOMAIN_OPSETS[domain]
@@ -350,6 +365,34 @@ def _fuse_once(
     out = ir.serde.serialize_model(model)
     report.nodes_after = len(out.graph.node)
     return out, report
+
+
+RegionKey = int | tuple[str, int]
+"""What validation rolls back: an attention region's index, or ("rotary", index)."""
+
+
+def _fuse_rotations(
+    graph: ir.Graph, facts: GraphFacts, target: Target, excluded: dict[RegionKey, tuple[str, float]], report: Report
+) -> bool:
+    """Write each proven rotate-half RoPE as one ``RotaryEmbedding``; the report says what became of each."""
+    writer, unavailable, rotated = RotaryWriter(graph, facts), target.rotary_embedding(), False
+    for candidate in find_rotations(graph, facts):
+        rotation = candidate.rotation
+        entry = RotaryReport(candidate.index, candidate.output_name, "not fused", reason=candidate.reason)
+        report.rotary.append(entry)
+        if rotation is None:
+            continue
+        entry.variant = rotation.variant
+        if unavailable is not None:
+            entry.reason = unavailable
+        elif ("rotary", candidate.index) in excluded:
+            entry.status = "rolled back"
+            entry.reason, entry.max_abs_diff = excluded["rotary", candidate.index]
+        else:
+            writer.write(rotation, at=candidate.anchor)
+            entry.status, entry.fused_into = "fused", "RotaryEmbedding"
+            rotated = True
+    return rotated
 
 
 def _fused_ops(cid: EClass, choice: dict) -> list:
@@ -369,10 +412,13 @@ def _fused_ops(cid: EClass, choice: dict) -> list:
 
 def _validate(
     original: onnx.ModelProto, fused: onnx.ModelProto, report: Report, feeds: dict | None
-) -> dict[int, tuple[str, float]]:
-    """Compare graph outputs and every fused region's output; return the regions to roll back."""
+) -> dict[RegionKey, tuple[str, float]]:
+    """Compare graph outputs and every fused region's and rotation's output; return what to roll back."""
     fused_regions = [r for r in report.regions if r.status == "fused"]
-    region_outputs = {r.index: r.output for r in fused_regions}
+    fused_rotations = [r for r in report.rotary if r.status == "fused"]
+    entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in fused_regions}
+    entries.update({("rotary", r.index): r for r in fused_rotations})
+    region_outputs = {key: r.output for key, r in entries.items()}
     names = [n for n in region_outputs.values() if n]
     try:
         data = feeds if feeds is not None else validate.make_feeds(original)
@@ -385,33 +431,28 @@ def _validate(
             "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
         )
         reason = "not validated (the original does not run on generated inputs)"
-        return {r.index: (reason, float("nan")) for r in fused_regions}
+        return dict.fromkeys(entries, (reason, float("nan")))
     try:
         actual = validate.run(fused, data, names)
     except Exception as err:
         report.validated = False
         report.validation_note = f"the fused model does not run on onnxruntime: {_short(err)}"
-        return {r.index: (f"fused model failed to run: {_short(err)}", float("inf")) for r in fused_regions}
+        return dict.fromkeys(entries, (f"fused model failed to run: {_short(err)}", float("inf")))
     reference = validate.references(original, data, expected, names)
-    failing: dict[int, tuple[str, float]] = {}
-    for r in fused_regions:
-        name = region_outputs[r.index]
+    failing: dict[RegionKey, tuple[str, float]] = {}
+    for key, r in entries.items():
+        name = region_outputs[key]
         if name and name in expected and name in actual:
             cmp = validate.compare(name, expected[name], actual[name], reference.get(name))
             r.max_abs_diff = cmp.max_abs_diff
             if not cmp.ok:
-                failing[r.index] = (
-                    f"outputs differ from the original by {cmp.max_abs_diff:.3g}",
-                    cmp.max_abs_diff,
-                )
+                failing[key] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
     outputs = [o.name for o in original.graph.output]
     cmps = [validate.compare(n, expected[n], actual[n], reference.get(n)) for n in outputs if n in actual]
     report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
     report.validated = all(c.ok for c in cmps) and not failing
-    if not report.validated and not failing:  # outputs off but no region singled out: roll back all
-        failing = {
-            r.index: (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff) for r in fused_regions
-        }
+    if not report.validated and not failing:  # outputs off but nothing singled out: roll back all
+        failing = dict.fromkeys(entries, (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff))
     return failing
 
 

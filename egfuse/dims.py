@@ -47,6 +47,12 @@ class Dim:
         return Dim(coef, tuple(sorted(syms)))
 
     @property
+    def invented(self) -> bool:
+        """A name ONNX shape inference made up (``unk__N``) where it lost track: a weaker name than the
+        exporter's for the same run-time size."""
+        return any(sym.startswith("unk__") for sym in self.syms)
+
+    @property
     def static(self) -> int | None:
         return None if self.syms else self.coef
 

@@ -37,7 +37,7 @@ def _broadcast(a: Shape, b: Shape) -> Shape:
         elif x is None or y is None:
             out.append(None)
         else:  # equal at run time: a symbol shape inference invented is the weaker name for it
-            out.append(y if _invented(x) and not _invented(y) else x)
+            out.append(y if x.invented and not y.invented else x)
     return tuple(out)
 
 
@@ -118,10 +118,6 @@ def _uniform(array: np.ndarray | None) -> float | None:
     return float(array.reshape(-1)[0])
 
 
-def _invented(d: Dim) -> bool:
-    return any(sym.startswith("unk__") for sym in d.syms)
-
-
 def _unsqueezed(shape: tuple[int, ...], axes) -> tuple[int, ...]:
     out = list(shape)
     rank = len(shape) + len(axes)
@@ -189,6 +185,12 @@ class GraphFacts:
     def rank(self, value: ir.Value | None) -> int | None:
         s = self.shape(value)
         return None if s is None else len(s)
+
+    def carry_over(self, old: ir.Value, new: ir.Value) -> None:
+        """``new`` computes what ``old`` did (a rewrite put it in ``old``'s place): it inherits what is known."""
+        for table in (self._const, self._elems, self._shape, self._flags):
+            if old in table:
+                table[new] = table[old]
 
     # --- abstract evaluation -------------------------------------------------------------------------------
     def _record_initializer(self, value: ir.Value) -> None:
@@ -307,7 +309,7 @@ class GraphFacts:
         (``unk__N``) wherever it loses track (broadcasting two symbolic dims, a Reshape target computed from
         ``Shape``); a dim computed here from the inputs wins over such a symbol."""
         known = self.shape(out)
-        if known is not None and all(d is not None and not _invented(d) for d in known):
+        if known is not None and all(d is not None and not d.invented for d in known):
             return
         ins = [self.shape(v) for v in node.inputs]
         result: Shape | None = None
@@ -348,6 +350,6 @@ class GraphFacts:
             return
         if known is not None and len(known) == len(result):
             result = tuple(
-                r if (k is None or _invented(k)) and r is not None else k for k, r in zip(known, result, strict=True)
+                r if (k is None or k.invented) and r is not None else k for k, r in zip(known, result, strict=True)
             )
         self._shape[out] = result

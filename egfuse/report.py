@@ -20,10 +20,24 @@ class RegionReport:
 
 
 @dataclass
+class RotaryReport:
+    """One rotate_half found in the graph: fused into ``RotaryEmbedding``, or why not."""
+
+    index: int
+    output: str  # the rotation's output value (compared on onnxruntime)
+    status: str  # "fused" | "not fused" | "rolled back"
+    variant: str | None = None  # e.g. "rotate-half, partial (16 of 32 features)"
+    fused_into: str | None = None
+    reason: str | None = None
+    max_abs_diff: float | None = None
+
+
+@dataclass
 class Report:
     source: str
     target: str
     regions: list[RegionReport] = field(default_factory=list)
+    rotary: list[RotaryReport] = field(default_factory=list)  # RoPE, fused apart from the attention regions
     nodes_before: int = 0
     nodes_after: int = 0
     validated: bool | None = None  # None: validation not run
@@ -35,6 +49,11 @@ class Report:
     @property
     def fused(self) -> int:
         return sum(r.status == "fused" for r in self.regions)
+
+    @property
+    def changed(self) -> bool:
+        """Anything rewritten: an attention region or a rotary embedding."""
+        return self.fused > 0 or any(r.status == "fused" for r in self.rotary)
 
     def fused_ops(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -57,6 +76,13 @@ class Report:
             f"egfuse: {self.source} → target {self.target}",
             f"  attention fused: {self.fused}/{len(self.regions)}   nodes: {self.nodes_before} → {self.nodes_after}",
         ]
+        if self.rotary:
+            fused = sum(r.status == "fused" for r in self.rotary)
+            variants = sorted({r.variant for r in self.rotary if r.status == "fused" and r.variant})
+            kinds = f" ({'; '.join(variants)})" if variants else ""
+            lines.append(f"  rotary embeddings fused: {fused}/{len(self.rotary)}{kinds}")
+            missed = [r for r in self.rotary if r.status != "fused"]
+            lines.extend(f"       rotary {r.index} at {r.output}: {r.status} — {r.reason}" for r in missed)
         if self.validated is not None:
             verdict = "passed" if self.validated else "FAILED"
             diff = f" (max abs diff {self.max_abs_diff:.2e})" if self.max_abs_diff is not None else ""

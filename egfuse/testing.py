@@ -23,6 +23,9 @@ SOFTCAPS = ("none", "div", "reciprocal")
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
+ROPE_TABLES = ("inputs", "positions")
+"""Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
+must stay as it is) or computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,9 @@ class Variant:
     cross: bool = False  # K/V from a second input ("memory") with its own length
     dtype: str = "float32"  # float16: the model in half precision, Softmax in float32 between two Casts
     past: bool = False  # KV cache: K/V = Concat(past, new) on the sequence axis, returned as present outputs
-    rope: bool = False  # rotary embedding (rotate-half) on Q and K, from cos/sin inputs
+    rope: bool = False  # rotary embedding (rotate-half) on Q and K
+    rope_tables: str = "inputs"  # see ROPE_TABLES
+    rope_partial: bool = False  # rotate only the first half of each head's features (Phi, GPT-NeoX)
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
     seed: int = 0
@@ -148,7 +153,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info("y", onnx_type, None)]
     if v.cross:
         inputs.append(helper.make_tensor_value_info("memory", onnx_type, [batch, kv_seq, hidden]))
-    rope = _Rope(b, v, inputs, [batch, seq, hd], onnx_type) if v.rope else None
+    rope = _Rope(b, v, inputs, batch, seq, onnx_type) if v.rope else None
 
     def cached(t: str, name: str) -> str:  # Concat(past, new) on the sequence axis, returned as "present"
         if not v.past:
@@ -293,23 +298,43 @@ def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: st
 
 
 class _Rope:
-    """Rotate-half rotary embedding, ``x·cos + rotate_half(x)·sin``, with (B, S, H) cos/sin inputs."""
+    """Rotate-half rotary embedding, ``x·cos + rotate_half(x)·sin``, on the first ``width`` features of each
+    head, with (B, S, width) cos/sin tables that are graph inputs or computed from positions."""
 
-    def __init__(self, b: _Builder, v: Variant, inputs: list, dims: list, onnx_type: int) -> None:
-        self.b, self.half = b, v.head_dim // 2
-        for name in ("cos", "sin"):
-            inputs.append(helper.make_tensor_value_info(name, onnx_type, dims))
-        self.cos, self.sin = (b.op("Unsqueeze", [t, b.const(np.array([1], np.int64))]) for t in ("cos", "sin"))
+    def __init__(self, b: _Builder, v: Variant, inputs: list, batch, seq, onnx_type: int) -> None:
+        self.b, self.head = b, v.head_dim
+        self.width = v.head_dim // 2 if v.rope_partial else v.head_dim
+        self.half = self.width // 2
+        if v.rope_tables == "inputs":
+            for name in ("cos", "sin"):
+                inputs.append(helper.make_tensor_value_info(name, onnx_type, [batch, seq, self.width]))
+            tables = ["cos", "sin"]
+        else:  # transformers: θ = position ⊗ inv_freq, cos/sin of Concat(θ, θ), cast to the model's type
+            length = b.op("Squeeze", [b.op("Shape", ["x"], start=1, end=2)])
+            positions = b.op(
+                "Cast",
+                [b.op("Range", [b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64))])],
+                to=TensorProto.FLOAT,
+            )
+            inv_freq = (1.0 / 10000 ** (np.arange(0, self.width, 2) / self.width)).astype(np.float32)
+            theta = b.op(
+                "Mul", [b.op("Unsqueeze", [positions, b.const(np.array([0, 2], np.int64))]), b.const(inv_freq)]
+            )
+            doubled = b.op("Concat", [theta, theta], axis=-1)
+            tables = [b.op("Cast", [b.op(op, [doubled])], to=onnx_type) for op in ("Cos", "Sin")]
+        self.cos, self.sin = (b.op("Unsqueeze", [t, b.const(np.array([1], np.int64))]) for t in tables)
 
     def __call__(self, t: str) -> str:
         b = self.b
 
-        def part(start: int, stop: int) -> str:
+        def part(x: str, start: int, stop: int) -> str:
             ends = [b.const(np.array([e], np.int64)) for e in (start, stop)]
-            return b.op("Slice", [t, *ends, b.const(np.array([-1], np.int64))])
+            return b.op("Slice", [x, *ends, b.const(np.array([-1], np.int64))])
 
-        rotated = b.op("Concat", [b.op("Neg", [part(self.half, 2**31)]), part(0, self.half)], axis=-1)
-        return b.op("Add", [b.op("Mul", [t, self.cos]), b.op("Mul", [rotated, self.sin])])
+        x = part(t, 0, self.width) if self.width < self.head else t
+        rotated = b.op("Concat", [b.op("Neg", [part(x, self.half, 2**31)]), part(x, 0, self.half)], axis=-1)
+        out = b.op("Add", [b.op("Mul", [x, self.cos]), b.op("Mul", [rotated, self.sin])])
+        return b.op("Concat", [out, part(t, self.width, 2**31)], axis=-1) if self.width < self.head else out
 
 
 def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5) -> dict[str, np.ndarray]:
@@ -381,6 +406,8 @@ def variants():  # pragma: no cover - exercised by the property tests
             "dtype": st.sampled_from(DTYPES),
             "past": st.booleans(),
             "rope": st.booleans(),
+            "rope_tables": st.sampled_from(ROPE_TABLES),
+            "rope_partial": st.booleans(),
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
             "seed": st.integers(0, 2**16),
@@ -394,6 +421,7 @@ __all__ = [
     "DTYPES",
     "K_LAYOUTS",
     "MASKS",
+    "ROPE_TABLES",
     "SCALES",
     "SOFTCAP",
     "SOFTCAPS",

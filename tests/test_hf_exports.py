@@ -37,6 +37,7 @@ def test_only_exporter_limitations_fail_to_export():
     assert len(MODELS) >= 27
 
 
+ROPE_MODELS = ("llama", "gemma2")
 CASES = [(m, t) for m in MODELS for t in ("ort", "onnx")]
 
 
@@ -48,6 +49,10 @@ def test_every_block_fuses_and_matches(entry, target):
     assert report.fused == entry["blocks"] == len(report.regions), str(report)
     assert report.validated is True, str(report)
     assert fused_op_count(result.model, target) == entry["blocks"]
+    # RoPE (on Q and K of every block) becomes RotaryEmbedding; models without RoPE have no rotate_half
+    rotations = 2 * entry["blocks"] if entry["name"].startswith(ROPE_MODELS) else 0
+    assert [r.status for r in report.rotary] == ["fused"] * rotations, str(report)
+    assert sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node) == rotations
     onnx.checker.check_model(result.model, full_check=True)
     original = onnx.load(path)
     assert_same_outputs(original, result.model, feeds)

@@ -37,6 +37,11 @@ class OrtTarget(Target):
         # Off when the model cannot be raised to opset 23: grouped K/V heads are then repeated for MHA.
         self.standard_attention = standard_attention
 
+    def rotary_embedding(self) -> str | None:
+        if self.standard_attention:
+            return None
+        return "the model cannot be raised to opset 23, which defines RotaryEmbedding"
+
     def cost(self, node: ENode) -> float | None:
         if node.op in self.STANDARD:
             return standard_attention_cost(node, self.fused_costs[node.op]) if self.standard_attention else None

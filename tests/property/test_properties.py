@@ -37,11 +37,22 @@ def _check_fuses(variant: Variant, target: str) -> None:
     assert fused_op_count(result.model, target) == 1
     if variant.n_kv != variant.heads:  # grouped K/V heads go in natively, unrepeated (standard op on both)
         assert _key_heads(result.model, feeds) == variant.n_kv, variant
+    _check_rotations(variant, result)
     if variant.past:  # the cache Concat goes in the op
         producers = {out: node.op_type for node in result.model.graph.node for out in node.output}
         assert {producers["present_key"], producers["present_value"]} <= {"Attention", "MultiHeadAttention"}
     _assert_matches(model, result.model, feeds)
     _assert_matches(model, result.model, feeds_for(model, seed=variant.seed + 1, batch=3, seq=4))
+
+
+def _check_rotations(variant: Variant, result: egfuse.FuseResult) -> None:
+    """RoPE on Q and K becomes two RotaryEmbedding ops exactly when its tables are provably cos/sin of
+    ``Concat(θ, θ)``; tables fed as inputs (halves unknown) keep the rotation as it was."""
+    fusable = variant.rope and variant.rope_tables == "positions"
+    written = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
+    assert written == (2 if fusable else 0), f"{variant}\n{result.report}"
+    assert len(result.report.rotary) == (2 if variant.rope else 0)
+    assert all((r.status == "fused") == fusable for r in result.report.rotary), str(result.report)
 
 
 def _key_heads(model: onnx.ModelProto, feeds: dict) -> int:

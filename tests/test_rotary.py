@@ -1,0 +1,125 @@
+"""RoPE becomes one ``RotaryEmbedding`` op only where the graph proves the op computes the same thing, never
+blocks attention fusion, and is put back by validation if it ever differs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+from egfuse import rotary
+from egfuse.load import default_opset
+from egfuse.testing import Variant, attention_model, feeds_for
+
+from .conftest import assert_same_outputs
+
+ROPE = Variant(k_layout="transpose_0132", rope=True, rope_tables="positions")
+
+
+def _rotary_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "RotaryEmbedding"]
+
+
+def test_rope_on_q_and_k_becomes_two_ops_beside_the_attention(target):
+    model = attention_model(ROPE)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    ops = _rotary_ops(result.model)
+    assert len(ops) == 2 and all(n.domain == "" for n in ops)
+    # (1, S, R) tables from positions, x of batch B: expanded to B for the op; the halves sliced once for both
+    assert sum(n.op_type == "Slice" and n.name.startswith("egfuse/rope") for n in result.model.graph.node) == 2
+    assert all(r.variant == "rotate-half" for r in result.report.rotary)
+    assert "rotary embeddings fused: 2/2" in str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+    assert_same_outputs(model, result.model, feeds_for(model, seed=3, batch=3, seq=4))
+
+
+def test_partial_rope_keeps_the_unrotated_features(target):
+    model = attention_model(ROPE.replaced(rope_partial=True, head_dim=16))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    ops = _rotary_ops(result.model)
+    assert [a.i for n in ops for a in n.attribute if a.name == "rotary_embedding_dim"] == [8, 8]
+    assert all("partial (8 of 16 features)" in r.variant for r in result.report.rotary)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
+    """cos/sin given as inputs could hold anything in their second half: the rotation stays as it was, the
+    attention still fuses, and the report says why."""
+    model = attention_model(ROPE.replaced(rope_tables="inputs"))
+    result = egfuse.fuse(model, target=target, feeds=feeds_for(model))
+    assert result.report.fused == 1 and not _rotary_ops(result.model)
+    assert all("halves are not provably equal (an input of the graph)" in r.reason for r in result.report.rotary)
+
+
+def test_a_rotation_that_differs_is_rolled_back(monkeypatch, target):
+    """Validation is the backstop: with the halves' proof forced on tables that do not repeat, the op computes
+    something else; validation catches it, puts the rotations back and keeps the attention."""
+    monkeypatch.setattr(rotary, "_repeated_halves", lambda value, facts, depth: None)
+    model = attention_model(ROPE.replaced(rope_tables="inputs"))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    assert [r.status for r in result.report.rotary] == ["rolled back", "rolled back"]
+    assert all(r.max_abs_diff > 1e-3 for r in result.report.rotary)
+    assert not _rotary_ops(result.model)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_ort_without_opset_23_keeps_rope_and_still_fuses_attention(monkeypatch):
+    def refuse(model, version):
+        raise RuntimeError("No Adapter For Resize from opset 18 to 19")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
+    model = attention_model(ROPE.replaced(heads=4, kv_heads=2))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target="ort", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert not _rotary_ops(result.model) and default_opset(result.model) < 23
+    assert all("opset 23" in r.reason for r in result.report.rotary)
+    assert_same_outputs(model, result.model, feeds)
+
+
+models = pytest.importorskip("onnxscript.rewriter.models._rotary_embedding_models", reason="onnxscript: dev extra")
+
+
+@pytest.mark.parametrize("case", ["test_case_1", "test_case_2", "partial_rotary_test_case"])
+def test_onnxscripts_rotary_models_fuse(case, target):
+    """onnxscript's own RoPE fusion tests (position ids as (B, S) and as (S,), partial rotation of 32 of 80)."""
+    import onnx_ir as ir
+
+    built = getattr(models, case)()
+    model = ir.serde.serialize_model(built.get_onnx_model())
+    feeds = built.get_ort_inputs()
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert [r.status for r in result.report.rotary] == ["fused"], str(result.report)
+    assert result.report.validated is True and len(_rotary_ops(result.model)) == 1
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_mismatched_partial_slices_do_not_fuse():
+    """onnxscript's negative case: the kept part starts at 33, not 32 — one feature is dropped."""
+    import onnx_ir as ir
+
+    model = ir.serde.serialize_model(
+        ir.serde.deserialize_model(
+            models._make_partial_rotary_script(True).to_model_proto(
+                input_types=(models.INT64["B", "S"], models.FLOAT["B", 32, "S", 80]),
+                output_types=(models.FLOAT["B", 32, "S", 79],),
+            )
+        )
+    )
+    result = egfuse.fuse(
+        model,
+        target="onnx",
+        feeds={
+            "position_ids": np.arange(8, dtype=np.int64).reshape(1, 8),
+            "query": np.random.default_rng(0).random((1, 32, 8, 80), np.float32),
+        },
+    )
+    assert [r.status for r in result.report.rotary] == ["not fused"]
+    assert "concatenated back with x[..., R:]" in result.report.rotary[0].reason
+    assert not _rotary_ops(result.model)
