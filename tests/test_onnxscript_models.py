@@ -49,6 +49,8 @@ def test_models_fuse(name, target):
     assert result.report.fused == blocks == len(result.report.regions), str(result.report)
     assert result.report.validated is True
     assert fused_op_count(result.model, target) == blocks
+    # their RoPE (smollm: rotate-half; phi2: 32 of 80 features) becomes RotaryEmbedding, every one of them
+    assert all(r.status == "fused" for r in result.report.rotary), str(result.report)
     # validation's criterion (1e-4 + 1e-3 relative): the decoders' logits run into the tens
     comparisons = validate.compare_models(model, result.model, feeds)
     assert all(c.ok for c in comparisons.values()), comparisons
