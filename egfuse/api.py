@@ -91,21 +91,26 @@ def fuse(
             fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
     if validate and report.changed:
         t0 = time.perf_counter()
-        for _ in range(3):
+        for round_ in range(_VALIDATION_ROUNDS):
             failing = _validate(original, fused_proto, report, feeds)
             if not failing:
                 break
-            if any(isinstance(key, tuple) for key in failing):
-                # A rotation feeds its attention: an attention that differs may only be reading a wrong
-                # rotation, so the rotations go back first and the attention is judged again.
-                failing = {key: why for key, why in failing.items() if isinstance(key, tuple)}
+            if round_ < _VALIDATION_ROUNDS - 1:
+                failing = _upstream_only(failing, fused_proto, report)
             note = report.validation_note
             excluded.update(failing)
             fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
-            if report.changed:
-                _validate(original, fused_proto, report, feeds)
-            else:
+            if not report.changed:
                 report.validated, report.validation_note = None, note
+                break
+        else:
+            if _validate(original, fused_proto, report, feeds):  # unproven after every round: change nothing
+                report.validated = None
+                report.validation_note = f"nothing applied: validation still failed after {_VALIDATION_ROUNDS} rounds"
+                for entry in [*report.regions, *report.rotary]:
+                    if entry.status == "fused":
+                        entry.status, entry.reason = "rolled back", "validation did not settle"
+                fused_proto = original
         report.stats["seconds_validate"] = time.perf_counter() - t0
     elif validate:
         report.validated = None
@@ -367,6 +372,9 @@ def _fuse_once(
     return out, report
 
 
+_VALIDATION_ROUNDS = 4
+"""Rounds of validate → roll back → re-fuse; the last one rolls back everything that still differs."""
+
 RegionKey = int | tuple[str, int]
 """What validation rolls back: an attention region's index, or ("rotary", index)."""
 
@@ -454,6 +462,32 @@ def _validate(
     if not report.validated and not failing:  # outputs off but nothing singled out: roll back all
         failing = dict.fromkeys(entries, (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff))
     return failing
+
+
+def _upstream_only(
+    failing: dict[RegionKey, tuple[str, float]], fused: onnx.ModelProto, report: Report
+) -> dict[RegionKey, tuple[str, float]]:
+    """The failing regions and rotations that no other failing one feeds. A region downstream of one that
+    differs (the next layer, the attention reading a rotation) differs too, whether or not it is right:
+    rolling back the upstream ones first and judging again keeps the right ones fused."""
+    outputs = {r.index: r.output for r in report.regions} | {("rotary", r.index): r.output for r in report.rotary}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in fused.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    downstream: set[str] = set()
+    for key in failing:
+        stack = [outputs[key]] if outputs.get(key) else []
+        seen: set[str] = set()
+        while stack:
+            for node in readers.get(stack.pop(), []):
+                for out in node.output:
+                    if out not in seen:
+                        seen.add(out)
+                        stack.append(out)
+        downstream |= seen
+    roots = {key: why for key, why in failing.items() if outputs.get(key) not in downstream}
+    return roots or failing
 
 
 def _short(err: BaseException) -> str:

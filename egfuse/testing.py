@@ -49,6 +49,8 @@ class Variant:
     rope: bool = False  # rotary embedding (rotate-half) on Q and K
     rope_tables: str = "inputs"  # see ROPE_TABLES
     rope_partial: bool = False  # rotate only the first half of each head's features (Phi, GPT-NeoX)
+    rope_interleaved: bool = False  # pair features (2i, 2i+1) with repeat_interleave'd tables (GPT-J)
+    rope_seq_first: bool = False  # rotate (B, S, N, H) before the head transpose (GPT-J), not (B, N, S, H)
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
     seed: int = 0
@@ -163,9 +165,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         b.nodes.append(helper.make_node("Concat", [f"past_{name}", t], [f"present_{name}"], axis=2))
         return f"present_{name}"
 
-    q = b.op("Transpose", [split(proj(x, "q", hidden), heads)], perm=[0, 2, 1, 3])
-    if rope is not None:
-        q = rope(q)
+    def rotated(t: str, layout: str) -> str:  # RoPE where the variant applies it: before or after the transpose
+        return rope(t) if rope is not None and layout == ("bsnh" if v.rope_seq_first else "bnsh") else t
+
+    q = rotated(b.op("Transpose", [rotated(split(proj(x, "q", hidden), heads), "bsnh")], perm=[0, 2, 1, 3]), "bnsh")
     k_bsnh = split(proj(memory, "k", kv * hd), kv)
     v_ = repeat_kv(cached(b.op("Transpose", [split(proj(memory, "v", kv * hd), kv)], perm=[0, 2, 1, 3]), "value"))
 
@@ -176,8 +179,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.k_layout == "transpose_0231":
         kt = b.op("Transpose", [k_bsnh], perm=[0, 2, 3, 1])
     else:
-        k = b.op("Transpose", [k_bsnh], perm=[0, 2, 1, 3])
-        k = repeat_kv(cached(rope(k) if rope is not None else k, "key"))
+        k = rotated(b.op("Transpose", [rotated(k_bsnh, "bsnh")], perm=[0, 2, 1, 3]), "bnsh")
+        k = repeat_kv(cached(k, "key"))
         if v.k_layout == "transpose_0132":
             kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
         else:  # dynamo: fold (B, N) into one dim, transpose the last two, unfold
@@ -298,18 +301,20 @@ def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: st
 
 
 class _Rope:
-    """Rotate-half rotary embedding, ``x·cos + rotate_half(x)·sin``, on the first ``width`` features of each
-    head, with (B, S, width) cos/sin tables that are graph inputs or computed from positions."""
+    """Rotary embedding ``x·cos + rotate(x)·sin`` on the first ``width`` features of each head: rotate-half
+    (Llama) or interleaved pairs (GPT-J), on (B, N, S, H) or (B, S, N, H), with (B, S, ·) cos/sin tables that
+    are graph inputs or computed from positions."""
 
     def __init__(self, b: _Builder, v: Variant, inputs: list, batch, seq, onnx_type: int) -> None:
-        self.b, self.head = b, v.head_dim
+        self.b, self.head, self.interleaved = b, v.head_dim, v.rope_interleaved
         self.width = v.head_dim // 2 if v.rope_partial else v.head_dim
         self.half = self.width // 2
+        table_width = self.half if self.interleaved else self.width
         if v.rope_tables == "inputs":
             for name in ("cos", "sin"):
-                inputs.append(helper.make_tensor_value_info(name, onnx_type, [batch, seq, self.width]))
+                inputs.append(helper.make_tensor_value_info(name, onnx_type, [batch, seq, table_width]))
             tables = ["cos", "sin"]
-        else:  # transformers: θ = position ⊗ inv_freq, cos/sin of Concat(θ, θ), cast to the model's type
+        else:  # transformers: θ = position ⊗ inv_freq; cos/sin of θ (GPT-J) or of Concat(θ, θ), in the model's type
             length = b.op("Squeeze", [b.op("Shape", ["x"], start=1, end=2)])
             positions = b.op(
                 "Cast",
@@ -320,19 +325,35 @@ class _Rope:
             theta = b.op(
                 "Mul", [b.op("Unsqueeze", [positions, b.const(np.array([0, 2], np.int64))]), b.const(inv_freq)]
             )
-            doubled = b.op("Concat", [theta, theta], axis=-1)
-            tables = [b.op("Cast", [b.op(op, [doubled])], to=onnx_type) for op in ("Cos", "Sin")]
-        self.cos, self.sin = (b.op("Unsqueeze", [t, b.const(np.array([1], np.int64))]) for t in tables)
+            angles = theta if self.interleaved else b.op("Concat", [theta, theta], axis=-1)
+            tables = [b.op("Cast", [b.op(op, [angles])], to=onnx_type) for op in ("Cos", "Sin")]
+        axis = 2 if v.rope_seq_first else 1
+        self.cos, self.sin = (self._spread(t, axis) for t in tables)
+
+    def _spread(self, table: str, axis: int) -> str:
+        """The table unsqueezed at the head axis (and repeat_interleave'd by 2 when the features are paired)."""
+        b = self.b
+        if not self.interleaved:
+            return b.op("Unsqueeze", [table, b.const(np.array([axis], np.int64))])
+        wide = b.op("Unsqueeze", [table, b.const(np.array([axis, 4], np.int64))])
+        pairs = b.op("Expand", [wide, b.const(np.array([1, 1, 1, 1, 2], np.int64))])
+        return b.op("Reshape", [pairs, b.const(np.array([0, 0, 0, -1], np.int64))])
 
     def __call__(self, t: str) -> str:
         b = self.b
 
-        def part(x: str, start: int, stop: int) -> str:
-            ends = [b.const(np.array([e], np.int64)) for e in (start, stop)]
-            return b.op("Slice", [x, *ends, b.const(np.array([-1], np.int64))])
+        def part(x: str, start: int, stop: int, step: int = 1) -> str:
+            ends = [b.const(np.array([e], np.int64)) for e in (start, stop, -1, step)]
+            return b.op("Slice", [x, *ends])
 
         x = part(t, 0, self.width) if self.width < self.head else t
-        rotated = b.op("Concat", [b.op("Neg", [part(x, self.half, 2**31)]), part(x, 0, self.half)], axis=-1)
+        if self.interleaved:  # rotate_every_two: stack (−x[1::2], x[0::2]) on a new axis, flatten
+            last = b.const(np.array([-1], np.int64))
+            pair = [b.op("Unsqueeze", [y, last]) for y in (b.op("Neg", [part(x, 1, 2**31, 2)]), part(x, 0, 2**31, 2))]
+            stacked = b.op("Concat", pair, axis=-1)
+            rotated = b.op("Reshape", [stacked, b.const(np.array([0, 0, 0, -1], np.int64))])
+        else:
+            rotated = b.op("Concat", [b.op("Neg", [part(x, self.half, 2**31)]), part(x, 0, self.half)], axis=-1)
         out = b.op("Add", [b.op("Mul", [x, self.cos]), b.op("Mul", [rotated, self.sin])])
         return b.op("Concat", [out, part(t, self.width, 2**31)], axis=-1) if self.width < self.head else out
 
@@ -408,6 +429,8 @@ def variants():  # pragma: no cover - exercised by the property tests
             "rope": st.booleans(),
             "rope_tables": st.sampled_from(ROPE_TABLES),
             "rope_partial": st.booleans(),
+            "rope_interleaved": st.booleans(),
+            "rope_seq_first": st.booleans(),
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
             "seed": st.integers(0, 2**16),

@@ -46,6 +46,25 @@ def test_partial_rope_keeps_the_unrotated_features(target):
     assert_same_outputs(model, result.model, feeds)
 
 
+@pytest.mark.parametrize("seq_first", [False, True], ids=["bnsh", "bsnh"])
+def test_interleaved_rope_like_gptj(seq_first, target):
+    """GPT-J pairs features (2i, 2i+1) and repeat_interleaves its tables, on (B, S, N, H) before the head
+    transpose: the op's ``interleaved`` form, 3D on the merged heads for (B, S, N, H). Its tables need no
+    proof beyond the graph's own repeat_interleave, so tables fed as inputs fuse too."""
+    variant = ROPE.replaced(rope_interleaved=True, rope_seq_first=seq_first, rope_partial=True, rope_tables="inputs")
+    model = attention_model(variant.replaced(head_dim=16))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    ops = _rotary_ops(result.model)
+    attrs = [{a.name: a.i for a in n.attribute} for n in ops]
+    expected = {"interleaved": 1, "rotary_embedding_dim": 8} | ({"num_heads": 2} if seq_first else {})
+    assert attrs == [expected, expected]
+    assert all(r.variant == "interleaved, partial (8 of 16 features)" for r in result.report.rotary)
+    assert_same_outputs(model, result.model, feeds)
+    assert_same_outputs(model, result.model, feeds_for(model, seed=5, batch=3, seq=4))
+
+
 def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
     """cos/sin given as inputs could hold anything in their second half: the rotation stays as it was, the
     attention still fuses, and the report says why."""
