@@ -2,8 +2,9 @@
 
 load → prepare (opset, shapes, facts) → rotations (RoPE, proven and written apart) → regions → lower → saturate
 → extract → raise → validate → report.
-A region whose fused outputs disagree with the original on onnxruntime is rolled back (the pipeline is
-re-run with it excluded) and the report says by how much it was off.
+A region or rotation whose fused outputs disagree with the original on onnxruntime is rolled back (the
+pipeline is re-run with it excluded; the ones nothing else that differs feeds go first) and the report says by
+how much it was off.
 """
 
 from __future__ import annotations
