@@ -102,7 +102,9 @@ def test_ort_without_opset_23_keeps_rope_and_still_fuses_attention(monkeypatch):
     assert_same_outputs(model, result.model, feeds)
 
 
-models = pytest.importorskip("onnxscript.rewriter.models._rotary_embedding_models", reason="onnxscript: dev extra")
+def _onnxscript_rotary_models():
+    """onnxscript's RoPE test models (a dev-extra dependency; the tests above need none of it)."""
+    return pytest.importorskip("onnxscript.rewriter.models._rotary_embedding_models", reason="onnxscript: dev extra")
 
 
 @pytest.mark.parametrize("case", ["test_case_1", "test_case_2", "partial_rotary_test_case"])
@@ -110,7 +112,7 @@ def test_onnxscripts_rotary_models_fuse(case, target):
     """onnxscript's own RoPE fusion tests (position ids as (B, S) and as (S,), partial rotation of 32 of 80)."""
     import onnx_ir as ir
 
-    built = getattr(models, case)()
+    built = getattr(_onnxscript_rotary_models(), case)()
     model = ir.serde.serialize_model(built.get_onnx_model())
     feeds = built.get_ort_inputs()
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -123,6 +125,7 @@ def test_mismatched_partial_slices_do_not_fuse():
     """onnxscript's negative case: the kept part starts at 33, not 32 — one feature is dropped."""
     import onnx_ir as ir
 
+    models = _onnxscript_rotary_models()
     model = ir.serde.serialize_model(
         ir.serde.deserialize_model(
             models._make_partial_rotary_script(True).to_model_proto(
