@@ -22,37 +22,16 @@ _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": 
            "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape"}  # fmt: skip
 
 
-class Emitter:
-    def __init__(
-        self,
-        graph: ir.Graph,
-        facts: GraphFacts,
-        lowered: Lowered,
-        classes: dict[EClass, list[ENode]],
-        ranks: dict[EClass, object],
-        choice: dict[EClass, Choice],
-        target: Target,
-        prefix: str,
-    ) -> None:
+class NodeBuilder:
+    """Names and collects the nodes a rewrite writes (the caller inserts ``new_nodes`` where they belong)."""
+
+    def __init__(self, graph: ir.Graph, prefix: str) -> None:
         self.graph = graph
-        self.facts = facts
-        self.lowered = lowered
-        self.classes = classes
-        self.ranks = ranks
-        self.choice = choice
-        self.target = target
         self.prefix = prefix
-        self.memo: dict[EClass, ir.Value] = {}
         self.new_nodes: list[ir.Node] = []
         self.created: set[ir.Value] = set()
-        self._fused_memo: dict[EClass, bool] = {}
         self._counter = 0
-        self.also_replace: list[tuple[ir.Value, ir.Value]] = []
-        """Values outside the region the emitted ops stand in for (a KV cache's Concat outputs)."""
-        self.cache_note: str | None = None
-        """What happened to a KV-cache Concat feeding the op (for the report)."""
 
-    # --- building blocks for targets -------------------------------------------------------------------------
     def _name(self, hint: str) -> str:
         self._counter += 1
         return f"{self.prefix}/{hint}_{self._counter}"
@@ -87,6 +66,48 @@ class Emitter:
             node.outputs[0].dtype = like.dtype
         self.new_nodes.append(node)
         return list(node.outputs)
+
+    def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
+        return self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
+
+    def initializer(self, array: np.ndarray, hint: str) -> ir.Value:
+        value = ir.Value(name=self._name(hint), const_value=ir.tensor(array))
+        value.dtype = ir.DataType.from_numpy(array.dtype)
+        value.shape = ir.Shape(array.shape)
+        self.graph.register_initializer(value)
+        return value
+
+    def take_nodes(self) -> list[ir.Node]:
+        """The nodes written since the last call, handed over for insertion."""
+        nodes, self.new_nodes = self.new_nodes, []
+        return nodes
+
+
+class Emitter(NodeBuilder):
+    def __init__(
+        self,
+        graph: ir.Graph,
+        facts: GraphFacts,
+        lowered: Lowered,
+        classes: dict[EClass, list[ENode]],
+        ranks: dict[EClass, object],
+        choice: dict[EClass, Choice],
+        target: Target,
+        prefix: str,
+    ) -> None:
+        super().__init__(graph, prefix)
+        self.facts = facts
+        self.lowered = lowered
+        self.classes = classes
+        self.ranks = ranks
+        self.choice = choice
+        self.target = target
+        self.memo: dict[EClass, ir.Value] = {}
+        self._fused_memo: dict[EClass, bool] = {}
+        self.also_replace: list[tuple[ir.Value, ir.Value]] = []
+        """Values outside the region the emitted ops stand in for (a KV cache's Concat outputs)."""
+        self.cache_note: str | None = None
+        """What happened to a KV-cache Concat feeding the op (for the report)."""
 
     def operands(
         self, q: EClass, k: EClass, v: EClass, bias: EClass, q_axis: int, k_axis: int, cache_allowed: bool
@@ -130,16 +151,6 @@ class Emitter:
         """past + new sequence length, without reading the Concat the op replaces."""
         lengths = [self.node("Shape", [v], {"start": 2, "end": 3}) for v in (cache.past_key, cache.new_key)]
         return self.node("Add", lengths)
-
-    def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
-        return self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
-
-    def initializer(self, array: np.ndarray, hint: str) -> ir.Value:
-        value = ir.Value(name=self._name(hint), const_value=ir.tensor(array))
-        value.dtype = ir.DataType.from_numpy(array.dtype)
-        value.shape = ir.Shape(array.shape)
-        self.graph.register_initializer(value)
-        return value
 
     def constant_array(self, cid: EClass) -> np.ndarray:
         node = self.choice[cid].node

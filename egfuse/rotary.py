@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
-from egfuse.raise_ import replace_output
+from egfuse.raise_ import NodeBuilder, replace_output
 
 # Ops through which a table keeps "second half equals first half" along its last axis.
 _ELEMENTWISE = frozenset({"Cos", "Sin", "Cast", "Identity", "Neg"})
@@ -365,47 +365,32 @@ class RotaryWriter:
 
     def __init__(self, graph: ir.Graph, facts: GraphFacts) -> None:
         self.graph, self.facts = graph, facts
+        self.build = NodeBuilder(graph, "egfuse/rope")
         self._halves: dict[ir.Value, ir.Value] = {}
-        self._count = 0
 
     def write(self, rotation: Rotation, at: ir.Node) -> None:
-        nodes: list[ir.Node] = []
-        r = rotation
-        cos, sin = (t if r.interleaved else self._half(t, r.rotary_dim, nodes) for t in (r.cos, r.sin))
+        r, b = rotation, self.build
+        cos, sin = (t if r.interleaved else self._half(t, r.rotary_dim) for t in (r.cos, r.sin))
         if r.expand_batch:
-            batch = self._node("Shape", [r.x], nodes, start=0, end=1)
-            ones = self._const(np.array([1, 1], np.int64), nodes)
-            target = self._node("Concat", [batch, ones], nodes, axis=0)
-            cos, sin = (self._node("Expand", [t, target], nodes) for t in (cos, sin))
+            batch = b.node("Shape", [r.x], {"start": 0, "end": 1})
+            target = b.node("Concat", [batch, b.const(np.array([1, 1], np.int64))], {"axis": 0})
+            cos, sin = (b.node("Expand", [t, target]) for t in (cos, sin))
         attrs: dict[str, object] = {"interleaved": 1} if r.interleaved else {}
         if r.rotary_dim != r.head_size:
             attrs["rotary_embedding_dim"] = r.rotary_dim
         if r.heads_axis == _HEADS_FIRST:  # the op's 4D form is (B, N, S, H)
-            out = self._node("RotaryEmbedding", [r.x, cos, sin], nodes, **attrs)
+            out = b.node("RotaryEmbedding", [r.x, cos, sin], attrs)
         else:  # (B, S, N, H): the op's 3D form on the merged heads (views, no copies), then split again
-            merged = self._node("Reshape", [r.x, self._const(np.array([0, 0, -1], np.int64), nodes)], nodes)
-            rotated = self._node("RotaryEmbedding", [merged, cos, sin], nodes, num_heads=r.heads, **attrs)
-            out = self._node("Reshape", [rotated, self._node("Shape", [r.x], nodes)], nodes)
+            merged = b.node("Reshape", [r.x, b.const(np.array([0, 0, -1], np.int64))])
+            rotated = b.node("RotaryEmbedding", [merged, cos, sin], {**attrs, "num_heads": r.heads})
+            out = b.node("Reshape", [rotated, b.node("Shape", [r.x])])
         out.dtype, out.shape = r.output.dtype, r.output.shape
-        self.graph.insert_before(at, nodes)
+        self.graph.insert_before(at, b.take_nodes())
         self.facts.carry_over(r.output, out)  # the attention regions read its shape next
         replace_output(self.graph, r.output, out, fresh=True)
 
-    def _half(self, table: ir.Value, width: int, nodes: list[ir.Node]) -> ir.Value:
+    def _half(self, table: ir.Value, width: int) -> ir.Value:
         if table not in self._halves:
-            bounds = [self._const(np.array([b], np.int64), nodes) for b in (0, width // 2, -1)]
-            self._halves[table] = self._node("Slice", [table, *bounds], nodes)
+            bounds = [self.build.const(np.array([b], np.int64)) for b in (0, width // 2, -1)]
+            self._halves[table] = self.build.node("Slice", [table, *bounds])
         return self._halves[table]
-
-    def _const(self, array: np.ndarray, nodes: list[ir.Node]) -> ir.Value:
-        return self._node("Constant", [], nodes, value=ir.tensor(array, name=self._name("const")))
-
-    def _node(self, op: str, inputs: list[ir.Value], nodes: list[ir.Node], **attrs: object) -> ir.Value:
-        node = ir.Node("", op, inputs, attributes=ir.convenience.convert_attributes(attrs), name=self._name(op))
-        node.outputs[0].name = f"{node.name}/out"
-        nodes.append(node)
-        return node.outputs[0]
-
-    def _name(self, hint: str) -> str:
-        self._count += 1
-        return f"egfuse/rope/{hint}_{self._count}"
