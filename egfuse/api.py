@@ -383,7 +383,7 @@ RegionKey = int | tuple[str, int]
 def _fuse_rotations(
     graph: ir.Graph, facts: GraphFacts, target: Target, excluded: dict[RegionKey, tuple[str, float]], report: Report
 ) -> bool:
-    """Write each proven rotate-half RoPE as one ``RotaryEmbedding``; the report says what became of each."""
+    """Write each proven RoPE as one ``RotaryEmbedding``; the report says what became of each."""
     writer, unavailable, rotated = RotaryWriter(graph, facts), target.rotary_embedding(), False
     for candidate in find_rotations(graph, facts):
         rotation = candidate.rotation
@@ -423,12 +423,8 @@ def _validate(
     original: onnx.ModelProto, fused: onnx.ModelProto, report: Report, feeds: dict | None
 ) -> dict[RegionKey, tuple[str, float]]:
     """Compare graph outputs and every fused region's and rotation's output; return what to roll back."""
-    fused_regions = [r for r in report.regions if r.status == "fused"]
-    fused_rotations = [r for r in report.rotary if r.status == "fused"]
-    entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in fused_regions}
-    entries.update({("rotary", r.index): r for r in fused_rotations})
-    region_outputs = {key: r.output for key, r in entries.items()}
-    names = [n for n in region_outputs.values() if n]
+    entries = _fused_entries(report)
+    names = [r.output for r in entries.values() if r.output]
     try:
         data = feeds if feeds is not None else validate.make_feeds(original)
         expected = validate.run(original, data, names)
@@ -450,7 +446,7 @@ def _validate(
     reference = validate.references(original, data, expected, names)
     failing: dict[RegionKey, tuple[str, float]] = {}
     for key, r in entries.items():
-        name = region_outputs[key]
+        name = r.output
         if name and name in expected and name in actual:
             cmp = validate.compare(name, expected[name], actual[name], reference.get(name))
             r.max_abs_diff = cmp.max_abs_diff
@@ -465,13 +461,20 @@ def _validate(
     return failing
 
 
+def _fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:
+    """What validation judges, by the key it rolls back by."""
+    entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in report.regions if r.status == "fused"}
+    entries.update({("rotary", r.index): r for r in report.rotary if r.status == "fused"})
+    return entries
+
+
 def _upstream_only(
     failing: dict[RegionKey, tuple[str, float]], fused: onnx.ModelProto, report: Report
 ) -> dict[RegionKey, tuple[str, float]]:
     """The failing regions and rotations that no other failing one feeds. A region downstream of one that
     differs (the next layer, the attention reading a rotation) differs too, whether or not it is right:
     rolling back the upstream ones first and judging again keeps the right ones fused."""
-    outputs = {r.index: r.output for r in report.regions} | {("rotary", r.index): r.output for r in report.rotary}
+    outputs = {key: r.output for key, r in _fused_entries(report).items()}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in fused.graph.node:
         for name in node.input:

@@ -21,7 +21,7 @@ class RegionReport:
 
 @dataclass
 class RotaryReport:
-    """One rotate_half found in the graph: fused into ``RotaryEmbedding``, or why not."""
+    """One rotation (rotate-half or interleaved) found in the graph: fused into ``RotaryEmbedding``, or why not."""
 
     index: int
     output: str  # the rotation's output value (compared on onnxruntime)
