@@ -40,7 +40,7 @@ class Region:
         return self.softmax.name or f"softmax_{self.index}"
 
 
-def _single_consumer(value: ir.Value) -> ir.Node | None:
+def single_consumer(value: ir.Value) -> ir.Node | None:
     users = {use.node for use in value.uses()}
     if len(users) != 1 or value.is_graph_output():
         return None
@@ -91,7 +91,7 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
         return chain
     value = chain[-1].outputs[0]
     for _ in range(3):
-        nxt = _single_consumer(value)
+        nxt = single_consumer(value)
         if nxt is None or nxt.op_type not in _FORWARD_LAYOUT or nxt.inputs[0] is not value:
             break
         chain.append(nxt)

@@ -30,6 +30,7 @@ import onnx_ir as ir
 from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
 from egfuse.raise_ import NodeBuilder, replace_output
+from egfuse.regions import single_consumer
 
 # Ops through which a table keeps "second half equals first half" along its last axis.
 _ELEMENTWISE = frozenset({"Cos", "Sin", "Cast", "Identity", "Neg"})
@@ -344,10 +345,9 @@ def _axis(attributes, rank: int, default: int | None = None) -> int | None:
 
 
 def _only_consumer(value: ir.Value, op: str) -> ir.Node:
-    users = {use.node for use in value.uses()}
-    if len(users) != 1 or value.is_graph_output():
+    node = single_consumer(value)
+    if node is None:
         raise NoMatch(f"{value.name} is read by more than the rotation's {op}")
-    node = next(iter(users))
     if node.op_type != op or node.domain not in ("", "ai.onnx"):
         raise NoMatch(f"{value.name} goes to {node.op_type}, not the rotation's {op}")
     return node
