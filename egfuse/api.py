@@ -13,7 +13,8 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import onnx
@@ -50,12 +51,14 @@ class Budgets:
 class FuseResult:
     model: onnx.ModelProto
     report: Report
-    _loaded: LoadedModel | None = field(default=None, repr=False)
+    _source_external: bool = field(default=False, repr=False)
+    """The input kept its weights outside the .onnx file (the result keeps only this of the input: holding the
+    input itself would keep a second copy of a large model's weights alive as long as the result)."""
 
     def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
         """Write atomically (a temp file renamed into place): never a half-written model at ``path``. Weights go
         to ``<name>.data`` beside it when the input kept them external (or when asked, or past protobuf's 2 GB)."""
-        if external_data is None and self._loaded is not None and self._loaded.external_data:
+        if external_data is None and self._source_external:
             external_data = True
         save_model(self.model, Path(path), external_data=external_data)
 
@@ -75,11 +78,37 @@ def fuse(
     start = time.perf_counter()
     chosen = get_target(target)  # fail early on an unknown name
     loaded = load(model)
+    budgets = budgets or Budgets()
+    if not protos.is_large(loaded.proto):
+        fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, None)
+    else:  # every stage on the graph without its weights; the weights come back into the result alone
+        with protos.DetachedWeights(loaded.proto) as weights:
+            skeleton = replace(loaded, proto=weights.skeleton)
+            fused_proto, report = _fuse(skeleton, chosen, validate, feeds, budgets, weights)
+            fused_proto = weights.restore(fused_proto) if report.changed else loaded.proto
+        if weights.lifted and report.changed:
+            report.notes.append(
+                f"{weights.lifted} large Constant values are initializers in the result (the same values: only "
+                "initializers can be stored outside a model past protobuf's 2 GB)"
+            )
+    report.stats["seconds_total"] = time.perf_counter() - start
+    return FuseResult(fused_proto, report, loaded.external_data)
+
+
+def _fuse(
+    loaded: LoadedModel,
+    chosen: Target,
+    validate: bool,
+    feeds: dict | None,
+    budgets: Budgets,
+    weights: protos.DetachedWeights | None,
+) -> tuple[onnx.ModelProto, Report]:
+    """The stages in order; ``weights`` holds a large model's weights apart from ``loaded``'s skeleton."""
     original = loaded.proto
     prepared, prepare_note = _prepare(loaded, chosen, validate)
-    budgets = budgets or Budgets()
     excluded: dict[RegionKey, tuple[str, float]] = {}
-    fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
+    fuse_once = partial(_fuse_once, budgets=budgets, excluded=excluded, source=loaded.source, weights=weights)
+    fused_proto, report = fuse_once(prepared, chosen)
     opset_note = None
     if _needs_standard_opset(prepared, fused_proto):
         converted, chosen, opset_note = _admit_standard_attention(loaded, prepared)
@@ -89,23 +118,23 @@ def fuse(
             fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
         else:
             prepared = infer_shapes(converted) if converted is not None else prepared
-            fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
+            fused_proto, report = fuse_once(prepared, chosen)
     if validate and report.changed:
         t0 = time.perf_counter()
         for round_ in range(_VALIDATION_ROUNDS):
-            failing = _validate(original, fused_proto, report, feeds)
+            failing = _validate(original, fused_proto, report, feeds, weights)
             if not failing:
                 break
             if round_ < _VALIDATION_ROUNDS - 1:
                 failing = _upstream_only(failing, fused_proto, report)
             note = report.validation_note
             excluded.update(failing)
-            fused_proto, report = _fuse_once(prepared, chosen, budgets, excluded, loaded.source)
+            fused_proto, report = fuse_once(prepared, chosen)
             if not report.changed:
                 report.validated, report.validation_note = None, note
                 break
         else:
-            if _validate(original, fused_proto, report, feeds):  # unproven after every round: change nothing
+            if _validate(original, fused_proto, report, feeds, weights):  # unproven after every round: change nothing
                 report.validated = None
                 report.validation_note = f"nothing applied: validation still failed after {_VALIDATION_ROUNDS} rounds"
                 for entry in [*report.regions, *report.rotary]:
@@ -127,8 +156,7 @@ def fuse(
         report.notes.append(opset_note)
     if not report.changed:
         fused_proto = original  # nothing to gain: hand back the model exactly as it came
-    report.stats["seconds_total"] = time.perf_counter() - start
-    return FuseResult(fused_proto, report, loaded)
+    return fused_proto, report
 
 
 # --- stages -------------------------------------------------------------------------------------------------
@@ -194,7 +222,7 @@ def _admit_standard_attention(
 def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
     """onnx's version converter to opset 23 (IR version 10 at least), or None and why it refused."""
     try:
-        converted = protos.convert_version(proto, STANDARD_ATTENTION_OPSET)
+        converted = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
     except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why
         text = str(err).strip()
         return None, text.splitlines()[-1][-160:] if text else type(err).__name__
@@ -226,12 +254,6 @@ def _bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
 def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
     """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
     17): their output takes their input's shape, and inference runs again from there."""
-    if protos.is_large(proto):  # inference serializes the model: run it on the graph without the weights
-        return protos.restore_weights(_infer_shapes(protos.skeleton(proto), rounds), proto)
-    return _infer_shapes(proto, rounds)
-
-
-def _infer_shapes(proto: onnx.ModelProto, rounds: int) -> onnx.ModelProto:
     for _ in range(rounds):
         try:
             proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
@@ -258,12 +280,14 @@ def _infer_shapes(proto: onnx.ModelProto, rounds: int) -> onnx.ModelProto:
 def _fuse_once(
     prepared: onnx.ModelProto,
     target: Target,
+    *,
     budgets: Budgets,
     excluded: dict[RegionKey, tuple[str, float]],
     source: str,
+    weights: protos.DetachedWeights | None,
 ) -> tuple[onnx.ModelProto, Report]:
     target_name = target.name
-    model = ir.serde.deserialize_model(prepared)
+    model = weights.to_ir(prepared) if weights is not None else ir.serde.deserialize_model(prepared)
     graph = model.graph
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
@@ -420,14 +444,18 @@ def _fused_ops(cid: EClass, choice: dict) -> list:
 
 
 def _validate(
-    original: onnx.ModelProto, fused: onnx.ModelProto, report: Report, feeds: dict | None
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    report: Report,
+    feeds: dict | None,
+    weights: protos.DetachedWeights | None,
 ) -> dict[RegionKey, tuple[str, float]]:
     """Compare graph outputs and every fused region's and rotation's output; return what to roll back."""
     entries = _fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
     try:
         data = feeds if feeds is not None else validate.make_feeds(original)
-        expected = validate.run(original, data, names)
+        expected = validate.run(original, data, names, weights=weights)
     except Exception as err:
         # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
@@ -438,12 +466,12 @@ def _validate(
         reason = "not validated (the original does not run on generated inputs)"
         return dict.fromkeys(entries, (reason, float("nan")))
     try:
-        actual = validate.run(fused, data, names)
+        actual = validate.run(fused, data, names, weights=weights)
     except Exception as err:
         report.validated = False
         report.validation_note = f"the fused model does not run on onnxruntime: {_short(err)}"
         return dict.fromkeys(entries, (f"fused model failed to run: {_short(err)}", float("inf")))
-    reference = validate.references(original, data, expected, names)
+    reference = validate.references(original, data, expected, names, weights=weights)
     failing: dict[RegionKey, tuple[str, float]] = {}
     for key, r in entries.items():
         name = r.output
@@ -507,18 +535,13 @@ def save_model(model: onnx.ModelProto, path: Path, *, external_data: bool | None
     workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         staged = workdir / path.name
-        to_save = onnx.ModelProto()
-        to_save.CopyFrom(model)  # saving as external data rewrites the tensors it is given
-        onnx.save_model(
-            to_save,
-            staged,
-            save_as_external_data=external_data,
-            all_tensors_to_one_file=True,
-            location=f"{path.name}.data" if external_data else None,
-            size_threshold=1024,
-        )
-        if external_data:
-            os.replace(workdir / f"{path.name}.data", path.parent / f"{path.name}.data")
+        if external_data:  # streamed tensor by tensor: no second copy of the weights in memory
+            protos.save_with_external_data(model, staged)
+        else:
+            onnx.save_model(model, staged)
+        data = workdir / f"{path.name}.data"
+        if data.exists():
+            os.replace(data, path.parent / data.name)
         os.replace(staged, path)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

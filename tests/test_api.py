@@ -100,9 +100,10 @@ def test_external_data_stays_external(model, tmp_path):
 
 @pytest.mark.parametrize("target", ["ort", "onnx"])
 def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
-    """A model over 2 GB cannot be serialized: shape inference and the version converter then run on a
-    skeleton without the weights, and onnxruntime reads it from a file with external data. Forcing those
-    paths on a small model (a TorchScript Llama: opset conversion changes its nodes) must give the same model."""
+    """A model over 2 GB cannot be serialized: every stage then runs on a skeleton whose large tensors live in
+    one file, which onnxruntime reads for validation, and the weights come back into the result alone.
+    Forcing that path on a small model (a TorchScript Llama: opset conversion changes its nodes) must give
+    the same model, with the same weights."""
     path = DATA / "llama_past_eager.torchscript.onnx"
     feeds = dict(np.load(DATA / "llama_past_eager.torchscript.feeds.npz"))
     expected = egfuse.fuse(path, target=target, feeds=feeds)
@@ -110,10 +111,43 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     monkeypatch.setattr(protos, "_SMALL_TENSOR", 16)
     original = onnx.load(path)
     assert protos.is_large(original)
-    assert any(not t.raw_data for t in protos.skeleton(original).graph.initializer)
+    with protos.DetachedWeights(original) as weights:
+        bare = weights.skeleton.graph.initializer
+        assert any(t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data for t in bare)
+    assert not weights.directory.exists()
     result = egfuse.fuse(path, target=target, feeds=feeds)
     assert result.report.validated is True and result.report.fused == expected.report.fused == 2, str(result.report)
-    assert [(n.op_type, list(n.input)) for n in result.model.graph.node] == [
-        (n.op_type, list(n.input)) for n in expected.model.graph.node
-    ]
+
+    # the same computation; Constant values past _SMALL_TENSOR became initializers
+    def computation(model: onnx.ModelProto) -> list:
+        return [(n.op_type, list(n.input)) for n in model.graph.node if n.op_type != "Constant"]
+
+    assert computation(result.model) == computation(expected.model)
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in result.model.graph.initializer)
     assert_same_outputs(original, result.model, feeds)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_large_constant_values_become_initializers(model, target, monkeypatch):
+    """Exporters may store weights as Constant nodes (onnxscript's phi4 test model: 6.8 GB of them). A large
+    model's Constant values count towards its size and are lifted into the weights file like initializers;
+    the result holds them as initializers with the same values. (On ort the packed com.microsoft Attention
+    reads the Q/K/V weights back from that file to concatenate them.)"""
+    weights = [t for t in model.graph.initializer if protos.tensor_bytes(t) >= 256]
+    assert weights
+    for tensor in weights:
+        model.graph.node.insert(0, onnx.helper.make_node("Constant", [], [tensor.name], value=tensor))
+        model.graph.initializer.remove(tensor)
+    feeds = feeds_for(model)
+    monkeypatch.setattr(protos, "LARGE_BYTES", 1000)
+    monkeypatch.setattr(protos, "_SMALL_TENSOR", 256)
+    assert protos.is_large(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    lifted = {t.name for t in weights}
+    assert not any(n.op_type == "Constant" and n.output[0] in lifted for n in result.model.graph.node)
+    read = {name for n in result.model.graph.node for name in n.input}
+    assert lifted & read <= {t.name for t in result.model.graph.initializer}
+    assert lifted <= read or target == "ort"  # ort packs Q/K/V into one weight; the standard op reads them
+    assert any(f"{len(weights)} large Constant values are initializers" in n for n in result.report.notes)
+    assert_same_outputs(model, result.model, feeds)
