@@ -7,4 +7,6 @@ python experiments/corpus.py --out experiments/corpus/hf
 python experiments/compare.py
 python experiments/bench_speed.py
 python experiments/bench_latency.py
+python experiments/bench_rotary.py
+python experiments/bench_gqa.py
 python experiments/render_results.py
