@@ -220,6 +220,36 @@ class Emitter(NodeBuilder):
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
 
+    def finite_mask(self, bias: EClass, mask: ir.Value | None) -> ir.Value | None:
+        """``mask`` with its entries equal to finfo.min moved one ulp up, for onnxruntime's standard
+        ``Attention``: it reads such an entry as −inf (a row masked entirely that way gives 0), where the graph
+        adds it to a score and gets finfo.min, finite and tied with the row's other masked entries (a
+        left-padded query row under a causal mask is uniform over them). Masks that cannot hold finfo.min —
+        select fills this emitter wrote (:meth:`Target.mask_fill`), constants without it — are left as they are."""
+        if mask is None or mask.dtype is None or not self._may_hold_lowest(bias):
+            return mask
+        dtype = np.dtype(mask.dtype.numpy())
+        if not np.issubdtype(dtype, np.floating):
+            return mask
+        lowest = np.finfo(dtype).min
+        is_lowest = self.node("Equal", [mask, self.const(np.array(lowest, dtype), "lowest")])
+        above = self.const(np.array(np.nextafter(lowest, dtype.type(0)), dtype), "fill")
+        return self.node("Where", [is_lowest, above, mask], like=mask)
+
+    def _may_hold_lowest(self, cid: EClass) -> bool:
+        node = self.choice[cid].node
+        if node.op in ("full_like", "no_bias"):
+            return False
+        if node.op == "where":  # the condition is not a mask value
+            return any(self._may_hold_lowest(c) for c in node.children[1:])
+        if node.op == "add":
+            return any(self._may_hold_lowest(c) for c in node.children)
+        leaf = self.leaf_value(cid)
+        array = self.facts.const(leaf) if leaf is not None else None
+        if array is not None and np.issubdtype(array.dtype, np.floating):
+            return bool((array == np.finfo(array.dtype).min).any())
+        return True
+
     # --- terms -----------------------------------------------------------------------------------------------
     def value(self, cid: EClass) -> ir.Value:
         if cid not in self.memo:

@@ -1,8 +1,8 @@
 """Numerical proof on onnxruntime: the fused model against the original, on generated feeds.
 
 Feeds are built so attention is exercised as in real use: symbolic dims bound to small distinct sizes,
-integer masks with real padding (0s at the end of the second sequence), token ids inside the embedding
-table. Region outputs keep their names through fusion, so one run compares every region separately and a
+integer masks with real padding (0s at the end of the last sequence and, left padding, at the start of
+the first), token ids inside the embedding table. Region outputs keep their names through fusion, so one run compares every region separately and a
 failing region can be rolled back alone.
 """
 
@@ -107,10 +107,14 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
 
 
 def _padding(shape: list[int]) -> np.ndarray:
-    """1 = attend, 0 = padding; the last row of the batch has its final position padded."""
+    """1 = attend, 0 = padding; the last row of the batch has its final position padded and, in a batch of
+    more than one, the first row its first position (left padding, as batched generation pads: under a
+    causal mask that query row sees nothing but padding, the case kernels answer differently)."""
     mask = np.ones(shape)
     if len(shape) >= 2 and shape[-1] > 1:
         mask[shape[0] - 1, ..., shape[-1] - 1] = 0
+        if shape[0] > 1:
+            mask[0, ..., 0] = 0
     elif len(shape) == 1 and shape[0] > 1:
         mask[-1] = 0
     return mask

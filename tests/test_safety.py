@@ -11,6 +11,7 @@ import pytest
 from onnx import helper
 
 import egfuse
+from egfuse.raise_ import Emitter
 from egfuse.targets.ort import OrtTarget
 from egfuse.testing import Variant, attention_model, feeds_for
 
@@ -97,6 +98,24 @@ def test_rows_masked_entirely_with_finfo_min_keep_the_mean_of_v(mask, masked, ta
     result = egfuse.fuse(model, target=target, feeds=feeds)
     assert result.report.fused == 1, str(result.report)
     assert_same_outputs(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("causal", ["range_greater", "trilu"])
+def test_left_padded_causal_rows_keep_their_meaning_on_the_standard_op(causal, monkeypatch):
+    """GPT-J's and HF eager's spelling: a causal term (a finfo.min select fill, or −inf added) plus the padding
+    term ``(1 − mask)·finfo.min``. With left padding the first query row sees only a padded key, whose score
+    plus finfo.min is finfo.min — finite, tied with the row's select fills — where onnxruntime's standard
+    Attention reads a mask entry of finfo.min as −inf. The mask the op gets has finfo.min moved one ulp up;
+    without that (patched out here) validation catches the difference and rolls the region back."""
+    model = attention_model(Variant(mask="padding_int", causal=causal))
+    feeds = feeds_for(model)
+    feeds["attention_mask"][0, 0] = 0  # left padding: query row 0 of the first sequence sees nothing else
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+    monkeypatch.setattr(Emitter, "finite_mask", lambda self, bias, mask: mask)
+    unguarded = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert [r.status for r in unguarded.report.regions] == ["rolled back"], str(unguarded.report)
 
 
 def test_rows_masked_entirely_with_minus_inf_roll_back_on_the_standard_op():

@@ -30,6 +30,7 @@ def emit_standard_attention(node: ENode, e: Emitter) -> ir.Value:
     three_d = node.op in ("mha", "gqa")
     seq_axis = 1 if three_d else 2
     inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d)
+    mask = e.finite_mask(bias, mask)
     attrs: dict[str, object] = {"scale": float(scale)}
     if float(cap) != 0.0:
         attrs["softcap"] = float(cap)
