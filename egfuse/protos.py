@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 import onnx_ir as ir
@@ -78,12 +79,12 @@ class DetachedWeights:
         self.directory = Path(tempfile.mkdtemp(prefix="egfuse-weights-"))
         self.lifted = 0
         self._sources: dict[str, onnx.TensorProto] = {}  # name → the caller's tensor, to copy back from
+        self._sessions = 0
         try:
             self.skeleton = self._split(model)
         except BaseException:
             self.close()
             raise
-        self._sessions = 0
 
     def _split(self, model: onnx.ModelProto) -> onnx.ModelProto:
         bare = onnx.ModelProto()
@@ -106,9 +107,9 @@ class DetachedWeights:
                     out.node.append(node)
         return bare
 
-    def _write(self, tensor: onnx.TensorProto, name: str, data, ref: onnx.TensorProto) -> None:
+    def _write(self, tensor: onnx.TensorProto, name: str, data: BinaryIO, ref: onnx.TensorProto) -> None:
         """Append ``tensor``'s bytes to the weights file and make ``ref`` point at them."""
-        offset = -data.tell() % _ALIGNMENT + data.tell()
+        offset = math.ceil(data.tell() / _ALIGNMENT) * _ALIGNMENT
         data.seek(offset)
         payload = tensor.raw_data if tensor.HasField("raw_data") else onnx.numpy_helper.to_array(tensor).tobytes()
         data.write(payload)

@@ -2,8 +2,8 @@
 
 Feeds are built so attention is exercised as in real use: symbolic dims bound to small distinct sizes,
 integer masks with real padding (0s at the end of the last sequence and, left padding, at the start of
-the first), token ids inside the embedding table. Region outputs keep their names through fusion, so one run compares every region separately and a
-failing region can be rolled back alone.
+the first), token ids inside the embedding table. Region outputs keep their names through fusion, so one
+run compares every region separately and a failing region can be rolled back alone.
 """
 
 from __future__ import annotations
