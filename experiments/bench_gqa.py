@@ -19,12 +19,12 @@ Writes results/gqa.json and results/gqa.md.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from microbench import interleaved_medians, make_model, sessions
 from onnx import TensorProto, helper
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,18 +68,11 @@ def model(op: str, b: int, s: int, p: int) -> onnx.ModelProto:
             num_heads=HEADS,
             kv_num_heads=KV_HEADS,
         )
-    graph = helper.make_graph([node], op, inputs, outputs, inits)
-    proto = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
-    )
-    proto.ir_version = 10
-    return proto
+    return make_model(helper.make_graph([node], op, inputs, outputs, inits))
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     rows = []
     for kind, b, s, p in CASES:
         feeds = {
@@ -90,19 +83,12 @@ def main() -> None:
         if p:
             feeds["past_key"] = rng.standard_normal((b, KV_HEADS, p, HEAD_SIZE)).astype(np.float32)
             feeds["past_value"] = rng.standard_normal((b, KV_HEADS, p, HEAD_SIZE)).astype(np.float32)
-        ops = ["standard", "com.microsoft"]
-        sessions = {o: ort.InferenceSession(model(o, b, s, p).SerializeToString(), options) for o in ops}
-        outputs = {o: sess.run(None, feeds) for o, sess in sessions.items()}
+        contenders = sessions({o: model(o, b, s, p) for o in ("standard", "com.microsoft")})
+        outputs = {o: sess.run(None, feeds) for o, sess in contenders.items()}
         diff = max(
             float(np.abs(a - e).max()) for a, e in zip(outputs["com.microsoft"], outputs["standard"], strict=True)
         )
-        times: dict[str, list[float]] = {o: [] for o in ops}
-        for _ in range(RUNS):
-            for o, sess in sessions.items():
-                t0 = time.perf_counter()
-                sess.run(None, feeds)
-                times[o].append(time.perf_counter() - t0)
-        median = {o: float(np.median(v)) for o, v in times.items()}
+        median = interleaved_medians(contenders, feeds, RUNS)
         rows.append(
             {
                 "case": kind,

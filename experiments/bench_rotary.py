@@ -16,12 +16,12 @@ Writes results/rotary.json and results/rotary.md.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from microbench import interleaved_medians, make_model, sessions
 from onnx import TensorProto, helper
 
 RESULTS = Path(__file__).parent / "results"
@@ -77,17 +77,11 @@ def model(kind: str, b: int, n: int, s: int, h: int) -> onnx.ModelProto:
                 node("Transpose", ["y_bsnh"], ["y"], perm=[0, 2, 1, 3]),
             ]
     graph = helper.make_graph(nodes, kind, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    proto = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
-    )
-    proto.ir_version = 10
-    return proto
+    return make_model(graph)
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     rows = []
     for b, n, s, h in SHAPES:
         theta = rng.standard_normal((b, s, h // 2)).astype(np.float32)
@@ -96,16 +90,9 @@ def main() -> None:
             "cos": np.cos(np.concatenate([theta, theta], -1)),
             "sin": np.sin(np.concatenate([theta, theta], -1)),
         }
-        kinds = ["graph", "standard", "com.microsoft"]
-        sessions = {k: ort.InferenceSession(model(k, b, n, s, h).SerializeToString(), options) for k in kinds}
-        outputs = {k: sess.run(None, feeds)[0] for k, sess in sessions.items()}
-        times: dict[str, list[float]] = {k: [] for k in kinds}
-        for _ in range(RUNS):
-            for k, sess in sessions.items():
-                t0 = time.perf_counter()
-                sess.run(None, feeds)
-                times[k].append(time.perf_counter() - t0)
-        median = {k: float(np.median(v)) for k, v in times.items()}
+        contenders = sessions({k: model(k, b, n, s, h) for k in ("graph", "standard", "com.microsoft")})
+        outputs = {k: sess.run(None, feeds)[0] for k, sess in contenders.items()}
+        median = interleaved_medians(contenders, feeds, RUNS)
         rows.append(
             {
                 "shape": [b, n, s, h],

@@ -45,8 +45,8 @@ class Target:
 
     def rotary_embedding(self) -> str | None:
         """Why this target writes no ``RotaryEmbedding`` op, or None where it writes the standard one (opset
-        23). The standard op is the one both targets run: on onnxruntime 1.31's CPU it took 0.34-0.79× the
-        time of the rotate-half subgraph it replaces, and 0.51-0.84× of ``com.microsoft.RotaryEmbedding``'s
+        23). The standard op is the one both targets run: on onnxruntime 1.31's CPU it took 0.35-0.78× the
+        time of the rotate-half subgraph it replaces, and 0.54-0.84× of ``com.microsoft.RotaryEmbedding``'s
         (experiments/bench_rotary.py)."""
         return None
 
