@@ -67,7 +67,7 @@ def test_models_fuse(name, target):
 # --- _phi4lm: two Phi-4 layers at full width (hidden 5120, 40 query / 10 kv heads, vocabulary 100352) ----------
 
 PHI4_MEMORY = 22 << 30
-"""The machine the phi4 test needs (ours has 23.4 GiB): the model (6.8 GB), onnxruntime's temporaries running
+"""The machine the phi4 test needs (ours has 23.5 GiB): the model (6.8 GB), onnxruntime's temporaries running
 it (4.6 GB: the transposed lm_head alone is 2 GB) and its weights mapped from disk (6.8 GB); building it
 peaks at twice its size. The model and its fused result are never held at once, nor its weights twice."""
 
