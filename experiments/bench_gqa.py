@@ -18,16 +18,12 @@ Writes results/gqa.json and results/gqa.md.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
-from microbench import interleaved_medians, make_model, sessions
+from microbench import interleaved_medians, make_model, sessions, write_results
 from onnx import TensorProto, helper
 
-RESULTS = Path(__file__).parent / "results"
 HEADS, KV_HEADS, HEAD_SIZE = 32, 8, 64
 # (kind, batch B, new tokens S, past P)
 CASES = [("prefill", 1, 128, 0), ("prefill", 1, 512, 0), ("decode", 1, 1, 512), ("decode", 4, 1, 1024)]
@@ -101,9 +97,6 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"onnxruntime": ort.__version__, "heads": HEADS, "kv_heads": KV_HEADS, "head_size": HEAD_SIZE, "runs": RUNS}
-    (RESULTS / "gqa.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     lines = [
         f"# Grouped-query attention on onnxruntime {ort.__version__} CPU: {HEADS} query / {KV_HEADS} kv heads of "
         f"{HEAD_SIZE} (median of {RUNS} interleaved runs)",
@@ -118,7 +111,8 @@ def main() -> None:
             f"| {r['case']} | {r['batch']} | {r['new_tokens']} | {r['past']} | {us['standard']} | "
             f"{us['com.microsoft']} | {r['gqa_over_standard']:.2f}× | {r['max_abs_diff']:.1e} |"
         )
-    (RESULTS / "gqa.md").write_text("\n".join(lines) + "\n")
+    meta = {"heads": HEADS, "kv_heads": KV_HEADS, "head_size": HEAD_SIZE, "runs": RUNS}
+    write_results("gqa", {**meta, "rows": rows}, lines)
 
 
 if __name__ == "__main__":

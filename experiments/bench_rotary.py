@@ -15,16 +15,12 @@ Writes results/rotary.json and results/rotary.md.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
-from microbench import interleaved_medians, make_model, sessions
+from microbench import interleaved_medians, make_model, sessions, write_results
 from onnx import TensorProto, helper
 
-RESULTS = Path(__file__).parent / "results"
 SHAPES = [(1, 12, 128, 64), (1, 12, 512, 64), (1, 32, 512, 128), (1, 12, 1, 64)]  # (B, N, S, H); S=1: decode
 RUNS = 300
 
@@ -102,8 +98,6 @@ def main() -> None:
             }
         )
         print(rows[-1])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rotary.json").write_text(json.dumps({"onnxruntime": ort.__version__, "rows": rows}, indent=2))
     lines = [
         f"# RoPE on onnxruntime {ort.__version__} CPU (median of {RUNS} interleaved runs; ratio to the graph)",
         "",
@@ -116,7 +110,7 @@ def main() -> None:
             f"| {tuple(r['shape'])} | {r['median_us']['graph']} | {ratio['standard']:.2f}× | "
             f"{ratio['com.microsoft']:.2f}× | {diff:.1e} |"
         )
-    (RESULTS / "rotary.md").write_text("\n".join(lines) + "\n")
+    write_results("rotary", {"rows": rows}, lines)
 
 
 if __name__ == "__main__":

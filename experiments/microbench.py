@@ -1,15 +1,19 @@
 """What the operator microbenchmarks (``bench_rotary.py``, ``bench_gqa.py``) share: a small graph as a model
 at opset 23 with the com.microsoft domain, CPU sessions, and timing that interleaves the contenders run by run
-(so a noisy moment costs all of them alike) and reports medians."""
+(so a noisy moment costs all of them alike) and reports medians, and where their figures go."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def make_model(graph: onnx.GraphProto) -> onnx.ModelProto:
@@ -37,3 +41,10 @@ def interleaved_medians(
             sess.run(None, feeds)
             times[name].append(time.perf_counter() - t0)
     return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def write_results(stem: str, data: dict, table: list[str]) -> None:
+    """``results/<stem>.json`` (``data`` with the onnxruntime version) and ``results/<stem>.md`` (``table``)."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"onnxruntime": ort.__version__, **data}, indent=2))
+    (RESULTS / f"{stem}.md").write_text("\n".join(table) + "\n")
