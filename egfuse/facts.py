@@ -346,6 +346,12 @@ class GraphFacts:
             target = tuple(d if d is not None and d != Dim(1) else (d if d is None else Dim(1))
                            for d in self.elems(node.inputs[1]))  # fmt: skip
             result = _broadcast(ins[0], target)
+        elif op == "Einsum" and all(s is not None for s in ins):
+            result = _einsum_shape(str(_attr(node, "equation", "")), ins)
+        elif op == "Conv" and len(ins) >= 2 and ins[0] is not None and ins[1] is not None:
+            unit = all(d == Dim(1) for d in ins[1][2:]) and not any(_attr(node, a) for a in ("pads", "auto_pad"))
+            if unit and all(int(s) == 1 for s in _attr(node, "strides") or [1]) and len(ins[0]) == len(ins[1]):
+                result = (ins[0][0], ins[1][0], *ins[0][2:])  # a 1×1 convolution keeps the spatial dims
         if result is None:
             return
         if known is not None and len(known) == len(result):
@@ -353,3 +359,22 @@ class GraphFacts:
                 r if (k is None or k.invented) and r is not None else k for k, r in zip(known, result, strict=True)
             )
         self._shape[out] = result
+
+
+def _einsum_shape(equation: str, shapes: list) -> Shape | None:
+    """An explicit Einsum's output dims, each read from an operand that carries its letter (no ``...``)."""
+    equation = equation.replace(" ", "")
+    if "->" not in equation or "..." in equation:
+        return None
+    lhs, out = equation.split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        return None
+    dims: dict[str, Dim | None] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        if len(term) != len(shape):
+            return None
+        for letter, d in zip(term, shape, strict=True):
+            if dims.get(letter) is None or dims[letter] == Dim(1):
+                dims[letter] = d
+    return tuple(dims.get(letter) for letter in out)

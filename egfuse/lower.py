@@ -83,6 +83,9 @@ class Lowerer:
             first = self.facts.shape(value)[0]
             if first is not None:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 0) "{first}")')
+            last = self.facts.shape(value)[2]  # the head size of a (B, S, H) single head
+            if last is not None and last.static is not None:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
         if not leaf:
             return
         scalar = self.facts.scalar(value)
@@ -160,7 +163,30 @@ class Lowerer:
             return self._reshape(node, args)
         if op == "Einsum" and len(args) == 2:
             return self._einsum(node, args)
+        if op == "Conv":
+            return self._conv1x1(node, args)
         return None
+
+    def _conv1x1(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """A 1×1 ``Conv`` on (B, C, S) is a projection of the channels: ``(xᵀ @ Wᵀ + b)ᵀ`` with W (C', C, 1)
+        read as the (C, C') matrix it is, so the projection rules (bias, packing) see an ordinary MatMul."""
+        weight = self.facts.weight(node.inputs[1])
+        shape = self.facts.shape(node.inputs[0])
+        if weight is None or weight.ndim != 3 or weight.shape[2] != 1 or shape is None or len(shape) != 3:
+            return None
+        attrs = {name: a.value for name, a in node.attributes.items()}
+        if int(attrs.get("group", 1)) != 1 or str(attrs.get("auto_pad", "NOTSET")) not in ("NOTSET", "VALID"):
+            return None
+        if any(int(v) != 1 for key in ("strides", "dilations", "kernel_shape") for v in attrs.get(key, [1])):
+            return None
+        if any(int(v) != 0 for v in attrs.get("pads", [0])):
+            return None
+        matrix = self._call("merge_heads", args[1], _q(weight.shape[1]), _q(1))  # (C', C, 1) → (C', C)
+        product = self._call("matmul", self._call("transpose", args[0], _q("0,2,1")),
+                             self._call("transpose", matrix, _q("1,0")))  # fmt: skip
+        if len(args) > 2 and args[2] is not None:
+            product = self._call("add", product, args[2])
+        return self._call("transpose", product, _q("0,2,1"))
 
     def _einsum(self, node: ir.Node, args: list[str | None]) -> str | None:
         """A two-operand Einsum that is a (batched) MatMul, written with transposes and reshape meanings."""
@@ -266,6 +292,14 @@ class Lowerer:
             return self._call("merge_lead", args[0], _q(src[1]))
         if len(dst) == len(src) + 1 and dst[2:] == src[1:] and _mul(dst[0], dst[1]) == src[0]:
             return self._call("split_lead", args[0], _q(dst[1]))
+        if len(src) == 3 and len(dst) == 4 and dst[0] == src[0] and dst[3] == src[2] and _mul(dst[1], dst[2]) == src[1]:
+            # (B, N·H, S) → (B, N, H, S): a head split of the channel axis, i.e. of the last axis of (B, S, C)
+            moved = self._call("split_heads", self._call("transpose", args[0], _q("0,2,1")), _q(dst[1]), _q(dst[2]))
+            return self._call("transpose", moved, _q("0,2,3,1"))
+        if len(src) == 4 and len(dst) == 3 and dst[0] == src[0] and dst[2] == src[3] and _mul(src[1], src[2]) == dst[1]:
+            # (B, N, H, S) → (B, N·H, S): the channel-first merge of the heads
+            moved = self._call("merge_heads", self._call("transpose", args[0], _q("0,3,1,2")), _q(src[1]), _q(src[2]))
+            return self._call("transpose", moved, _q("0,2,1"))
         return generic
 
 

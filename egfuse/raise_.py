@@ -163,6 +163,9 @@ class Emitter(NodeBuilder):
         if node.op == "merge_lead":  # (A, second, …) → (A·second, …) of a constant
             weight = self.constant_array(node.args[0])
             return weight.reshape(-1, *weight.shape[2:])
+        if node.op == "transpose":  # a 1×1 convolution's weight read as a matrix
+            weight = self.constant_array(node.args[0])
+            return weight.transpose([int(p) for p in node.args[1].split(",")])
         value = self.value(cid)
         array = self.facts.weight(value)
         if array is None:

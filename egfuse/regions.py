@@ -20,6 +20,7 @@ VOCABULARY = frozenset({
     "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Tanh", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
     "Einsum",  # tf2onnx writes projections and attention as Einsum
+    "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
 })  # fmt: skip
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout)
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout"})
@@ -87,7 +88,7 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
         else:
             chain.append(guards[0])
             value = guards[0].outputs[0]
-    if not chain or chain[-1].op_type != "MatMul":
+    if not chain or chain[-1].op_type not in ("MatMul", "Einsum"):
         return chain
     value = chain[-1].outputs[0]
     for _ in range(3):
@@ -111,7 +112,7 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
         if node.op_type not in VOCABULARY or node.domain not in ("", "ai.onnx") or node.op_type == "Softmax":
             continue
         found.add(node)
-        if node.op_type in ("MatMul", "Einsum") and _is_weight(node.inputs[1]):
+        if node.op_type in ("MatMul", "Einsum", "Conv") and _is_weight(node.inputs[1]):
             continue  # a projection: its activation input is where the block starts
         for inp in node.inputs:
             if inp is not None:

@@ -26,6 +26,11 @@ DTYPES = ("float32", "float16")
 ROPE_TABLES = ("inputs", "positions")
 """Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
 must stay as it is) or computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable)."""
+HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
+"""Where the heads live: split off the hidden axis into (B, N, S, H) (today's exporters); folded into the batch
+as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
+channel axis of 1×1-convolution projections on (B, C, S), K arriving as (B, N, H, T) (SqueezeBERT); or no
+heads axis at all, (B, S, H) (single-head attention)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class Variant:
     rope_seq_first: bool = False  # rotate (B, S, N, H) before the head transpose (GPT-J), not (B, N, S, H)
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
+    heads_layout: str = "split"  # see HEAD_LAYOUTS
+    baddbmm: bool = False  # batch_folded only: scores = beta·alibi + alpha·(Q·Kᵀ), alibi (B·N, 1, T) (BLOOM)
+    einsum: bool = False  # scores and context written as two-operand Einsums (TorchScript keeps them as one op)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -65,6 +73,14 @@ class Variant:
             raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
         if self.softcap != "none" and (self.mask == "additive_before_scale" or self.position_bias):
             raise ValueError("soft-capping comes before the mask and any bias: none may be added inside it")
+        if self.heads_layout not in HEAD_LAYOUTS:
+            raise ValueError(f"heads_layout must be one of {HEAD_LAYOUTS}")
+        if self.baddbmm and (self.heads_layout != "batch_folded" or self.scale != "qk_mul" or self.softcap != "none"):
+            raise ValueError("baddbmm adds its bias to alpha·(Q·Kᵀ) on folded heads: alpha is the (qk_mul) scale")
+        if self.heads_layout in ("channel_first", "single") and (kv != self.heads or self.past or self.rope):
+            raise ValueError("channel-first and single-head blocks have no repeat_kv, cache or RoPE here")
+        if self.heads_layout == "single" and self.heads != 1:
+            raise ValueError("single-head attention has one head")
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
@@ -168,20 +184,51 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     def rotated(t: str, layout: str) -> str:  # RoPE where the variant applies it: before or after the transpose
         return rope(t) if rope is not None and layout == ("bsnh" if v.rope_seq_first else "bnsh") else t
 
-    q = rotated(b.op("Transpose", [rotated(split(proj(x, "q", hidden), heads), "bsnh")], perm=[0, 2, 1, 3]), "bnsh")
-    k_bsnh = split(proj(memory, "k", kv * hd), kv)
-    v_ = repeat_kv(cached(b.op("Transpose", [split(proj(memory, "v", kv * hd), kv)], perm=[0, 2, 1, 3]), "value"))
+    layout, folded = v.heads_layout, v.heads_layout == "batch_folded"
+    bsnh_einsum = v.einsum and layout == "split" and v.k_layout == "transpose_0231"  # XLNet's bind,bjnd->bnij
+    v_bsnh = None
+    if layout == "channel_first":  # SqueezeBERT: 1×1 convolutions on (B, C, S), heads split off the channels
+        xc = b.op("Transpose", [x], perm=[0, 2, 1])
+        mc = b.op("Transpose", [memory], perm=[0, 2, 1]) if v.cross else xc
+        q = b.op("Transpose", [_channel_heads(b, v, _conv(b, v, xc, "q"))], perm=[0, 1, 3, 2])
+        kt = k = _channel_heads(b, v, _conv(b, v, mc, "k"))  # (B, N, H, T): Kᵀ with no Transpose
+        v_ = _channel_heads(b, v, _conv(b, v, mc, "v"))  # (B, N, H, T); transposed below for a MatMul
+        if not v.einsum:
+            v_ = b.op("Transpose", [v_], perm=[0, 1, 3, 2])
+    elif layout == "single":  # (B, S, H): no heads axis at all
+        q, k, v_ = proj(x, "q", hidden), proj(memory, "k", hidden), proj(memory, "v", hidden)
+        kt = b.op("Transpose", [k], perm=[0, 2, 1])
+    else:
+        q_bsnh = rotated(split(proj(x, "q", hidden), heads), "bsnh")
+        q = rotated(b.op("Transpose", [q_bsnh], perm=[0, 2, 1, 3]), "bnsh")
+        k_bsnh = split(proj(memory, "k", kv * hd), kv)
+        v_bsnh = split(proj(memory, "v", kv * hd), kv)
+        if bsnh_einsum:
+            q = q_bsnh
+        else:
+            v_ = repeat_kv(cached(b.op("Transpose", [v_bsnh], perm=[0, 2, 1, 3]), "value"))
 
     if v.scale == "q_mul":
         q = mul_scalar(q, scale)
     if v.scale == "split_sqrt":
         q = mul_scalar(q, np.sqrt(scale))
-    if v.k_layout == "transpose_0231":
+    if layout in ("channel_first", "single"):
+        pass
+    elif bsnh_einsum:
+        k = k_bsnh
+    elif v.k_layout == "transpose_0231" and not v.einsum:
         kt = b.op("Transpose", [k_bsnh], perm=[0, 2, 3, 1])
+        if folded:  # BLOOM: permute(0, 2, 3, 1).reshape(B·N, H, T)
+            kt = _fold(b, kt)
     else:
         k = rotated(b.op("Transpose", [rotated(k_bsnh, "bsnh")], perm=[0, 2, 1, 3]), "bnsh")
         k = repeat_kv(cached(k, "key"))
-        if v.k_layout == "transpose_0132":
+        if folded:  # bmm: (B, N, T, H) → (B·N, T, H), transposed in 3D
+            k = _fold(b, k)
+            kt = k if v.einsum else b.op("Transpose", [k], perm=[0, 2, 1])
+        elif v.einsum:
+            pass
+        elif v.k_layout == "transpose_0132":
             kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
         else:  # dynamo: fold (B, N) into one dim, transpose the last two, unfold
             shape = b.op("Shape", [k])
@@ -192,13 +239,20 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             seq_dim = b.op("Slice", [shape, b.const(np.array([2], np.int64)), b.const(np.array([3], np.int64))])
             target = b.op("Concat", [lead, b.const(np.array([hd], np.int64)), seq_dim], axis=0)
             kt = b.op("Reshape", [k3t, target])
+    if v.einsum:
+        kt = k
     if v.scale == "k_div":
         kt = mul_scalar(kt, scale, "Div")
     if v.scale == "split_sqrt":
         kt = mul_scalar(kt, np.sqrt(scale))
-    s = b.op("MatMul", [q, kt])
+    q_in = _fold(b, q) if folded else q
+    if not v.einsum:
+        s = b.op("MatMul", [q_in, kt])
+    else:
+        s = b.op("Einsum", [q_in, kt], equation=_EINSUM_SCORES["bsnh" if bsnh_einsum else layout])
 
-    dims = [batch, 1, 1, kv_seq]
+    rank = 3 if layout == "single" else 4
+    dims = [batch, 1, 1, kv_seq] if rank == 4 else [batch, 1, kv_seq]
     mask = None
     if v.mask.startswith("additive"):
         inputs.append(helper.make_tensor_value_info("mask", onnx_type, dims))
@@ -208,7 +262,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         mask = "mask"
     elif v.mask == "padding_int":  # HF eager: (1 - mask[:, None, None, :].float()) * finfo.min
         inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, kv_seq]))
-        expanded = b.op("Unsqueeze", ["attention_mask", b.const(np.array([1, 2], np.int64), "axes")])
+        axes = [1, 2] if rank == 4 else [1]
+        expanded = b.op("Unsqueeze", ["attention_mask", b.const(np.array(axes, np.int64), "axes")])
         inverted = b.op("Sub", [scalar(1.0, "one"), b.op("Cast", [expanded], to=onnx_type)])
         mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).min, "min"))
 
@@ -226,20 +281,38 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             return b.op("Div", [t, root])
         return t
 
-    if v.position_bias:  # T5 adds its relative position bias to the unscaled scores
-        inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, [1, heads, seq, kv_seq]))
-        s = b.comm("Add", s, "position_bias")
-
     def soft_cap(t: str) -> str:
         if v.softcap == "none":
             return t
         inside = mul_scalar(t, 1.0 / SOFTCAP, "Div" if v.softcap == "div" else "Mul")
         return mul_scalar(b.op("Tanh", [inside]), SOFTCAP)
 
+    scaled = False
+    unfolded = folded and (v.mask != "none" or v.position_bias or v.causal != "none")
+    if folded:  # the 3D scores: scaled (and biased, for baddbmm) in 3D, viewed as (B, N, S, T) for the masks
+        if v.baddbmm:  # alibi.baddbmm(Q, Kᵀ, beta=1, alpha=scale), alibi built as (B, N, T) → (B·N, 1, T)
+            inputs.append(helper.make_tensor_value_info("alibi", onnx_type, [batch, heads, kv_seq]))
+            t = b.op(
+                "Slice", [b.op("Shape", ["alibi"]), b.const(np.array([2], np.int64)), b.const(np.array([3], np.int64))]
+            )
+            alibi = b.op("Reshape", ["alibi", b.op("Concat", [b.const(np.array([-1, 1], np.int64)), t], axis=0)])
+            s = b.comm("Add", b.comm("Mul", alibi, scalar(1.0, "beta")), apply_scale(s))
+            scaled = True
+        elif v.mask != "additive_before_scale":
+            s, scaled = soft_cap(apply_scale(s)), True
+        if unfolded:
+            s = _unfold(b, s, q)
+
+    if v.position_bias:  # T5 adds its relative position bias to the unscaled scores
+        pb_dims = [1, heads, seq, kv_seq] if rank == 4 else [1, seq, kv_seq]
+        inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, pb_dims))
+        s = b.comm("Add", s, "position_bias")
+
     if v.mask == "additive_before_scale":
         s = apply_scale(b.comm("Add", s, mask))
     else:
-        s = soft_cap(apply_scale(s))
+        if not scaled:
+            s = soft_cap(apply_scale(s))
         if v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
@@ -251,6 +324,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             inverted = b.op("Not", [mask])
             s = b.op("Where", [inverted, scalar(-1e4 if v.dtype == "float16" else -1e9, "fill"), s])
     s = _causal(b, v, s, x, np_type, "past_key" if v.past else None)
+    if unfolded:
+        s = _fold(b, s)
     if v.dtype == "float16":  # transformers: softmax(..., dtype=float32).to(query.dtype)
         s = b.op("Cast", [s], to=TensorProto.FLOAT)
     p = b.op("Softmax", [s], axis=-1)
@@ -258,14 +333,65 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         p = b.op("Cast", [p], to=onnx_type)
     if v.guard:
         p = b.op("Where", [b.op("IsNaN", [p]), scalar(0.0, "zero"), p])
-    o = b.op("MatMul", [p, v_])
-    o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
-    o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
+    if bsnh_einsum:  # bnij,bjnd->bind: the context comes out as (B, S, N, H)
+        o = b.op("Einsum", [p, v_bsnh], equation=_EINSUM_CONTEXT["bsnh"])
+        o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
+    elif layout == "single":
+        o = b.op("Einsum", [p, v_], equation=_EINSUM_CONTEXT[layout]) if v.einsum else b.op("MatMul", [p, v_])
+    elif layout == "channel_first":  # (B, N, H, S) → (B, C, S), back to (B, S, C) for the next block
+        if v.einsum:
+            o = b.op("Einsum", [p, v_], equation=_EINSUM_CONTEXT[layout])
+        else:
+            o = b.op("Transpose", [b.op("MatMul", [p, v_])], perm=[0, 1, 3, 2])
+        o = b.op("Reshape", [o, b.const(np.array([0, hidden, -1], np.int64), "shape")])
+        o = b.op("Transpose", [o], perm=[0, 2, 1])
+    else:
+        v_in = _fold(b, v_) if folded else v_
+        o = b.op("Einsum", [p, v_in], equation=_EINSUM_CONTEXT[layout]) if v.einsum else b.op("MatMul", [p, v_in])
+        if folded:
+            o = _unfold(b, o, q)
+        o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
+        o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
     b.nodes.append(helper.make_node("Identity", [o], ["y"], name="n_output"))
     graph = helper.make_graph(b.nodes, "attention", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="egfuse.testing")
     model.ir_version = 8
     return model
+
+
+_EINSUM_SCORES = {"split": "bnid,bnjd->bnij", "bsnh": "bind,bjnd->bnij", "batch_folded": "bid,bjd->bij",
+                  "single": "bid,bjd->bij", "channel_first": "bnid,bndj->bnij"}  # fmt: skip
+"""The scores as exporters' Einsums, by where Q and K live (K untransposed; channel-first K is (B, N, H, T))."""
+_EINSUM_CONTEXT = {"split": "bnij,bnjd->bnid", "bsnh": "bnij,bjnd->bind", "batch_folded": "bij,bjd->bid",
+                   "single": "bij,bjd->bid", "channel_first": "bnij,bndj->bndi"}  # fmt: skip
+
+
+def _fold(b: _Builder, t: str) -> str:
+    """(B, N, X, Y) → (B·N, X, Y), the trailing dims read from the shape as ``view(B * N, -1, H)`` exports."""
+    tail = b.op("Slice", [b.op("Shape", [t]), b.const(np.array([2], np.int64)), b.const(np.array([4], np.int64))])
+    return b.op("Reshape", [t, b.op("Concat", [b.const(np.array([-1], np.int64)), tail], axis=0)])
+
+
+def _unfold(b: _Builder, t: str, like: str) -> str:
+    """(B·N, X, Y) → (B, N, X, Y), (B, N) read from the 4D tensor ``like``."""
+    lead = b.op("Slice", [b.op("Shape", [like]), b.const(np.array([0], np.int64)), b.const(np.array([2], np.int64))])
+    tail = b.op("Slice", [b.op("Shape", [t]), b.const(np.array([1], np.int64)), b.const(np.array([3], np.int64))])
+    return b.op("Reshape", [t, b.op("Concat", [lead, tail], axis=0)])
+
+
+def _conv(b: _Builder, v: Variant, x: str, tag: str) -> str:
+    """A projection as SqueezeBERT writes it: ``Conv1d(C, C, kernel_size=1)`` on (B, C, S)."""
+    np_type = np.dtype(v.dtype)
+    w = (b.rng.standard_normal((v.hidden, v.hidden, 1)) * 1.5 / np.sqrt(v.hidden)).astype(np_type)
+    inputs = [x, b.const(w, f"w{tag}")]
+    if v.proj_bias:
+        inputs.append(b.const(b.rng.standard_normal(v.hidden).astype(np_type) * 0.1, f"b{tag}"))
+    return b.op("Conv", inputs, kernel_shape=[1])
+
+
+def _channel_heads(b: _Builder, v: Variant, t: str) -> str:
+    """(B, N·H, S) → (B, N, H, S): heads split off the channel axis."""
+    return b.op("Reshape", [t, b.const(np.array([0, v.heads, v.head_dim, -1], np.int64), "shape")])
 
 
 def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
@@ -403,6 +529,16 @@ def _compatible(choices: dict) -> dict:
         c["position_bias"] = False
         if c["mask"] == "additive_before_scale":
             c["mask"] = "additive"
+    layout = c.setdefault("heads_layout", "split")
+    if c.setdefault("baddbmm", False):  # BLOOM's alibi.baddbmm: only on folded heads, alpha the scale, no cap
+        if layout != "batch_folded":
+            c["baddbmm"] = False
+        else:
+            c["scale"], c["softcap"] = "qk_mul", "none"
+    if layout in ("channel_first", "single"):  # no repeat_kv, cache or RoPE in these blocks
+        c["kv_heads"], c["past"], c["rope"] = None, False, False
+    if layout == "single":
+        c["heads"] = 1
     return c
 
 
@@ -433,6 +569,9 @@ def variants():  # pragma: no cover - exercised by the property tests
             "rope_seq_first": st.booleans(),
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
+            "heads_layout": st.sampled_from(HEAD_LAYOUTS),
+            "baddbmm": st.booleans(),
+            "einsum": st.booleans(),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -442,6 +581,7 @@ def variants():  # pragma: no cover - exercised by the property tests
 __all__ = [
     "CAUSAL",
     "DTYPES",
+    "HEAD_LAYOUTS",
     "K_LAYOUTS",
     "MASKS",
     "ROPE_TABLES",

@@ -8,12 +8,13 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``masks``     — select masks become additive, bias and scale distribute, the NaN guard is recognised
 * ``precision`` — a half-precision model's float32 softmax (Cast → Softmax → Cast) is its softmax
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
+* ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
 from __future__ import annotations
 
-from egfuse.rules import attention, commute, facts, layout, masks, ort, precision, scale, softcap
+from egfuse.rules import attention, commute, facts, heads, layout, masks, ort, precision, scale, softcap
 from egglog import Ruleset
 
 CORE: Ruleset = (
@@ -25,11 +26,14 @@ CORE: Ruleset = (
     | masks.rules
     | precision.rules
     | attention.rules
+    | heads.rules
+    | heads.weights
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
 
 __all__ = [
-    "CORE", "TARGET_RULES", "attention", "commute", "facts", "layout", "masks", "ort", "precision", "scale", "softcap"
+    "CORE", "TARGET_RULES", "attention", "commute", "facts", "heads", "layout", "masks", "ort", "precision", "scale",
+    "softcap",
 ]  # fmt: skip
