@@ -346,6 +346,13 @@ class GraphFacts:
             target = tuple(d if d is not None and d != Dim(1) else (d if d is None else Dim(1))
                            for d in self.elems(node.inputs[1]))  # fmt: skip
             result = _broadcast(ins[0], target)
+        elif op in ("Max", "Min") and ins and all(s is not None for s in ins):
+            result = ins[0]
+            for s in ins[1:]:
+                result = _broadcast(result, s)
+        elif op == "Gather" and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
+            axis = int(_attr(node, "axis", 0)) % len(ins[0])  # an embedding lookup keeps the ids' (B, S)
+            result = (*ins[0][:axis], *ins[1], *ins[0][axis + 1 :])
         elif op == "Einsum" and all(s is not None for s in ins):
             result = _einsum_shape(str(_attr(node, "equation", "")), ins)
         elif op == "Conv" and len(ins) >= 2 and ins[0] is not None and ins[1] is not None:

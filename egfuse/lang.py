@@ -77,6 +77,10 @@ class Tensor(Expr):
     def cast(cls, a: Tensor, to: i64Like) -> Tensor: ...
 
     @classmethod
+    def maximum(cls, a: Tensor, b: Tensor) -> Tensor:
+        """``Max(a, b)``: OPT clamps its masked scores at finfo.min before the softmax."""
+
+    @classmethod
     def softmax(cls, a: Tensor) -> Tensor:
         """Softmax over the last axis (the only axis attention normalises)."""
 

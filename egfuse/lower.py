@@ -132,6 +132,11 @@ class Lowerer:
         ins = node.inputs
         if any(a is None for a in args[: _required_inputs(op)]):
             return None
+        if op == "Max" and len(args) == 2:
+            a, b = args[0], args[1]
+            if self._is_constant(ins[0]) and not self._is_constant(ins[1]):
+                a, b = b, a  # canonical order: the constant operand second
+            return self._call("maximum", a, b)
         if op in ("Add", "Mul"):
             a, b = args[0], args[1]
             if self._is_constant(ins[0]) and not self._is_constant(ins[1]):

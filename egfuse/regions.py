@@ -20,6 +20,7 @@ VOCABULARY = frozenset({
     "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Tanh", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
     "Einsum",  # tf2onnx writes projections and attention as Einsum
+    "Max",  # OPT's clamp of the masked scores at finfo.min
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
 })  # fmt: skip
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout)

@@ -61,6 +61,7 @@ class Variant:
     heads_layout: str = "split"  # see HEAD_LAYOUTS
     baddbmm: bool = False  # batch_folded only: scores = beta·alibi + alpha·(Q·Kᵀ), alibi (B·N, 1, T) (BLOOM)
     einsum: bool = False  # scores and context written as two-operand Einsums (TorchScript keeps them as one op)
+    clamp: bool = False  # OPT: max(masked scores, finfo.min) before the softmax
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -324,6 +325,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             inverted = b.op("Not", [mask])
             s = b.op("Where", [inverted, scalar(-1e4 if v.dtype == "float16" else -1e9, "fill"), s])
     s = _causal(b, v, s, x, np_type, "past_key" if v.past else None)
+    if v.clamp:
+        s = b.op("Max", [s, scalar(np.finfo(np_type).min, "lowest")])
     if unfolded:
         s = _fold(b, s)
     if v.dtype == "float16":  # transformers: softmax(..., dtype=float32).to(query.dtype)
@@ -572,6 +575,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "heads_layout": st.sampled_from(HEAD_LAYOUTS),
             "baddbmm": st.booleans(),
             "einsum": st.booleans(),
+            "clamp": st.booleans(),
             "seed": st.integers(0, 2**16),
         }
     )

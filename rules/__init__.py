@@ -9,12 +9,13 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``precision`` — a half-precision model's float32 softmax (Cast → Softmax → Cast) is its softmax
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
+* ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
 from __future__ import annotations
 
-from egfuse.rules import attention, commute, facts, heads, layout, masks, ort, precision, scale, softcap
+from egfuse.rules import attention, clamp, commute, facts, heads, layout, masks, ort, precision, scale, softcap
 from egglog import Ruleset
 
 CORE: Ruleset = (
@@ -28,12 +29,13 @@ CORE: Ruleset = (
     | attention.rules
     | heads.rules
     | heads.weights
+    | clamp.rules
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
 
 __all__ = [
-    "CORE", "TARGET_RULES", "attention", "commute", "facts", "heads", "layout", "masks", "ort", "precision", "scale",
-    "softcap",
+    "CORE", "TARGET_RULES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "precision",
+    "scale", "softcap",
 ]  # fmt: skip

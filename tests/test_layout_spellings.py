@@ -27,6 +27,8 @@ SPELLINGS = [
     {"heads_layout": "batch_folded", "past": True, "causal": "trilu"},  # OPT/BART decoder with a cache
     {"heads_layout": "batch_folded", "kv_heads": 1, "k_layout": "transpose_0132"},
     {"heads_layout": "batch_folded", "position_bias": True, "mask": "padding_int"},
+    {"heads_layout": "batch_folded", "clamp": True, "mask": "padding_int", "causal": "range_greater"},  # OPT
+    {"clamp": True, "mask": "where_neginf", "dtype": "float16"},
     {"heads_layout": "single", "mask": "padding_int", "causal": "range_greater"},
     {"heads_layout": "single", "scale": "split_sqrt", "mask": "where_neginf", "position_bias": True},
     {"heads_layout": "channel_first", "mask": "padding_int", "proj_bias": False},
