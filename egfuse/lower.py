@@ -168,9 +168,21 @@ class Lowerer:
             return self._reshape(node, args)
         if op == "Einsum" and len(args) == 2:
             return self._einsum(node, args)
+        if op == "Einsum" and len(args) == 1:
+            return self._einsum_permutation(node, args[0])
         if op == "Conv":
             return self._conv1x1(node, args)
         return None
+
+    def _einsum_permutation(self, node: ir.Node, arg: str) -> str | None:
+        """A one-operand Einsum that only reorders axes (``ijbn->bnij``) is a Transpose."""
+        equation = node.attributes["equation"].value.replace(" ", "")
+        if "..." in equation or "->" not in equation:
+            return None
+        have, want = equation.split("->")
+        if "," in have or sorted(have) != sorted(want) or len(set(have)) != len(have):
+            return None
+        return self._permuted(arg, have, list(want))
 
     def _conv1x1(self, node: ir.Node, args: list[str | None]) -> str | None:
         """A 1×1 ``Conv`` on (B, C, S) is a projection of the channels: ``(xᵀ @ Wᵀ + b)ᵀ`` with W (C', C, 1)

@@ -113,7 +113,7 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
         if node.op_type not in VOCABULARY or node.domain not in ("", "ai.onnx") or node.op_type == "Softmax":
             continue
         found.add(node)
-        if node.op_type in ("MatMul", "Einsum", "Conv") and _is_weight(node.inputs[1]):
+        if node.op_type in ("MatMul", "Einsum", "Conv") and len(node.inputs) > 1 and _is_weight(node.inputs[1]):
             continue  # a projection: its activation input is where the block starts
         for inp in node.inputs:
             if inp is not None:

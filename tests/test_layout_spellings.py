@@ -121,3 +121,36 @@ def _einsum_model(scores: str, operands: str, context: str, layout: str) -> onnx
     )
     model.ir_version = 8
     return model
+
+
+def test_subtracted_permuted_mask_fuses(target):
+    """XLNet's ``scores − 1e30 · mask`` with the mask permuted by a one-operand Einsum (``ijbn->bnij``)."""
+    hd = 8
+    nodes = [
+        helper.make_node("Einsum", ["q", "k"], ["s"], equation="bnid,bnjd->bnij"),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Einsum", ["mask"], ["m"], equation="ijbn->bnij"),
+        helper.make_node("Mul", ["m", "big"], ["mb"]),
+        helper.make_node("Sub", ["ss", "mb"], ["sm"]),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["o"], equation="bnij,bnjd->bnid"),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2, "seq", hd]) for n in ("q", "k", "v")]
+    inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, "seq", "batch", 1]))
+    consts = [
+        onnx.numpy_helper.from_array(np.array(1.0 / np.sqrt(hd), np.float32), "scale"),
+        onnx.numpy_helper.from_array(np.array(1e30, np.float32), "big"),
+    ]
+    output = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph(nodes, "xlnet", inputs, [output], consts), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, 2, 5, hd)).astype(np.float32) for n in ("q", "k", "v")}
+    feeds["mask"] = np.zeros((1, 5, 2, 1), np.float32)
+    feeds["mask"][0, -1, 1, 0] = 1.0  # the last key of the second sequence is padding
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert fused_op_count(result.model, target) == 1
+    assert_same_outputs(model, result.model, feeds)
