@@ -1,0 +1,70 @@
+"""Exporter drift: the same tiny architectures exported by (transformers, torch) stacks from three years of
+releases (`experiments/drift_corpus.py`, committed under tests/data/drift/<stack>/). Every attention block of
+every export fuses on both targets, validated by egfuse's own generated inputs (as `experiments/compare.py`
+measures coverage), and the result matches the original on the inputs the export was made with.
+
+The fast suite runs each export on one target (alternating); the slow suite (`-m slow`) runs the other.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+
+from .conftest import DATA, assert_same_outputs, fused_op_count
+
+DRIFT = DATA / "drift"
+STACKS = sorted(p.parent for p in DRIFT.glob("*/manifest.json"))
+
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
+"""(stack, file) → why it does not fuse yet: run as strict xfail, so a gap that closes fails until removed here."""
+
+
+def _entries() -> list[tuple[Path, dict]]:
+    return [
+        (stack, entry)
+        for stack in STACKS
+        for entry in json.loads((stack / "manifest.json").read_text())["models"]
+        if entry["file"] and not entry["error"]
+    ]
+
+
+def _cases() -> list:
+    cases = []
+    for i, (stack, entry) in enumerate(_entries()):
+        for j, target in enumerate(("ort", "onnx")):
+            marks = [pytest.mark.slow] if (i + j) % 2 else []
+            gap = KNOWN_GAPS.get((stack.name, entry["file"]))
+            if gap:
+                marks.append(pytest.mark.xfail(reason=gap, strict=True))
+            cases.append(pytest.param(stack, entry, target, marks=marks, id=f"{stack.name}-{target}-{entry['file']}"))
+    return cases
+
+
+def test_the_corpus_spans_three_years_of_releases():
+    """At least five stacks, the oldest from 2023, and at least 15 architectures each exported somewhere."""
+    assert len(STACKS) >= 5, [s.name for s in STACKS]
+    assert STACKS[0].name <= "2023-12" and STACKS[-1].name >= "2026-01", [s.name for s in STACKS]
+    architectures = {entry["name"].split("_eager")[0].split("_sdpa")[0] for _, entry in _entries()}
+    assert len(architectures) >= 15, sorted(architectures)
+    for stack in STACKS:
+        manifest = json.loads((stack / "manifest.json").read_text())
+        assert manifest["transformers"] and manifest["torch"], stack.name
+
+
+@pytest.mark.parametrize(("stack", "entry", "target"), _cases())
+def test_every_block_fuses_and_matches(stack: Path, entry: dict, target: str):
+    path = stack / entry["file"]
+    result = egfuse.fuse(path, target=target)
+    report = result.report
+    assert report.fused == entry["blocks"], str(report)
+    assert report.validated is True, str(report)
+    assert fused_op_count(result.model, target) == entry["blocks"], str(report)
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    assert_same_outputs(onnx.load(path), result.model, feeds)
