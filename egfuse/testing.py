@@ -18,7 +18,10 @@ SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom
 K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
 MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
          "where_reversed", "padding_int")  # fmt: skip
-CAUSAL = ("none", "trilu", "range_greater")
+CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
+"""``buffer_where``/``buffer_local``: transformers 4.36–4.42 GPT-2/GPT-Neo eager — ``Where(bias[:, :, T-S:T, :T],
+scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sliding window), applied *before*
+the mask is added (the other causal values come after it)."""
 SOFTCAPS = ("none", "div", "reciprocal")
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
@@ -237,9 +240,9 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         return mul_scalar(b.op("Tanh", [inside]), SOFTCAP)
 
     if v.mask == "additive_before_scale":
-        s = apply_scale(b.comm("Add", s, mask))
+        s = _buffer_causal(b, v, apply_scale(b.comm("Add", s, mask)), q, kt, np_type)
     else:
-        s = soft_cap(apply_scale(s))
+        s = _buffer_causal(b, v, soft_cap(apply_scale(s)), q, kt, np_type)
         if v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
@@ -270,7 +273,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
 
 def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
     """Mask key j > query i + P (P cached positions), with lengths read from shapes as exporters do."""
-    if v.causal == "none":
+    if v.causal in ("none", "buffer_where", "buffer_local"):
         return s
 
     def dim(value: str, axis: int) -> str:  # a 1-element shape slice
@@ -298,6 +301,35 @@ def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: st
     queries = b.op("Unsqueeze", [arange(cached, total), b.const(np.array([1], np.int64))])
     future = b.op("Greater", [keys, queries])
     return b.op("Where", [future, b.const(np.array(np.finfo(np_type).min, np_type), "fill"), s])
+
+
+BUFFER_POSITIONS = 16
+"""Rows of the causal buffer (GPT-2's ``n_positions``): longer than any sequence the tests feed."""
+LOCAL_WINDOW = 3
+"""GPT-Neo's ``window_size`` of ``buffer_local``: small enough that the test sequences reach past it."""
+
+
+def _buffer_causal(b: _Builder, v: Variant, s: str, q: str, kt: str, np_type: np.dtype) -> str:
+    """GPT-2 eager (transformers 4.36–4.42): ``Where(bias[:, :, T-S:T, :T], scores, finfo.min)`` with ``bias``
+    a stored (1, 1, M, M) boolean tril buffer (GPT-Neo's local layers: tril XOR tril(−window)), S and T read
+    from Q's and Kᵀ's shapes (``query.size(-2)``, ``key.size(-2)``) — before the padding mask is added."""
+    if v.causal not in ("buffer_where", "buffer_local"):
+        return s
+    positions = BUFFER_POSITIONS
+    allowed = np.tril(np.ones((positions, positions), bool))
+    if v.causal == "buffer_local":
+        allowed &= ~np.tril(allowed, -LOCAL_WINDOW)
+    buffer = b.const(allowed.reshape(1, 1, positions, positions), "bias")
+    query_length = b.op("Shape", [q], start=2, end=3)
+    if v.past:  # P + S: GPT-2 reads T from the cache's Concat, which then stays outside the op (see kv_cache)
+        key_length = b.op("Add", [b.op("Shape", ["past_key"], start=2, end=3), query_length])
+    else:
+        key_length = b.op("Shape", [kt], start=3, end=4)
+    start = b.op("Sub", [key_length, query_length])
+    rows = b.op("Slice", [buffer, start, key_length, b.const(np.array([2], np.int64))])
+    zero = b.const(np.array([0], np.int64))
+    causal = b.op("Slice", [rows, zero, key_length, b.const(np.array([3], np.int64))])
+    return b.op("Where", [causal, s, b.const(np.array(np.finfo(np_type).min, np_type), "fill")])
 
 
 class _Rope:
@@ -358,8 +390,14 @@ class _Rope:
         return b.op("Concat", [out, part(t, self.width, 2**31)], axis=-1) if self.width < self.head else out
 
 
-def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5) -> dict[str, np.ndarray]:
+def feeds_for(
+    model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5, left_padding: bool = False
+) -> dict[str, np.ndarray]:
     """Random inputs with real padding: the last sequence's final position is masked out.
+
+    ``left_padding`` also masks the first two positions of the first sequence (a left-padded batch): under a
+    causal mask its first query rows then see no key at all — the fully masked rows whose meaning (the mean
+    of V, or of the keys a select fill ties with) fused kernels must keep.
 
     Keys/values of cross-attention (``kv_seq``) are two positions longer than the queries, so a mix-up of
     the two lengths cannot pass unnoticed."""
@@ -373,14 +411,20 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
         if tensor_type.elem_type == TensorProto.INT64:  # 1 = attend, 0 = padding
             m = np.ones(dims, np.int64)
             m[-1, -1] = 0
+            if left_padding:
+                m[0, :2] = 0
             feeds[inp.name] = m
         elif tensor_type.elem_type == TensorProto.BOOL:
             m = np.ones(dims, bool)
             m[-1, ..., -1] = False
+            if left_padding:
+                m[0, ..., :2] = False
             feeds[inp.name] = m
         elif inp.name == "mask":
             m = np.zeros(dims, dtype)
             m[-1, ..., -1] = -10000.0
+            if left_padding:
+                m[0, ..., :2] = -10000.0
             feeds[inp.name] = m
         else:
             feeds[inp.name] = rng.standard_normal(dims).astype(dtype)
