@@ -23,6 +23,10 @@ CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
 scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sliding window), applied *before*
 the mask is added (the other causal values come after it)."""
 SOFTCAPS = ("none", "div", "reciprocal")
+QUERY_BIASES = ("none", "rel_pos_uv", "gated")
+"""Additive score terms computed from Q: Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (content and
+position biases u, v per head, R the projected relative positions), or a gate computed from Q scaling a
+position bias (WavLM's gated relative position bias)."""
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
@@ -56,6 +60,7 @@ class Variant:
     rope_seq_first: bool = False  # rotate (B, S, N, H) before the head transpose (GPT-J), not (B, N, S, H)
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
+    query_bias: str = "none"  # see QUERY_BIASES
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -66,7 +71,9 @@ class Variant:
             raise ValueError("a causal mask, a self-attention cache or RoPE needs queries and keys over one sequence")
         if (kv != self.heads or self.past or self.rope) and self.k_layout == "transpose_0231":
             raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
-        if self.softcap != "none" and (self.mask == "additive_before_scale" or self.position_bias):
+        if self.softcap != "none" and (
+            self.mask == "additive_before_scale" or self.position_bias or self.query_bias != "none"
+        ):
             raise ValueError("soft-capping comes before the mask and any bias: none may be added inside it")
 
     def replaced(self, **changes) -> Variant:
@@ -199,7 +206,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         kt = mul_scalar(kt, scale, "Div")
     if v.scale == "split_sqrt":
         kt = mul_scalar(kt, np.sqrt(scale))
-    s = b.op("MatMul", [q, kt])
+    s = _query_biased_scores(b, v, q, kt, inputs, seq, kv_seq, np_type)
 
     dims = [batch, 1, 1, kv_seq]
     mask = None
@@ -269,6 +276,25 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="egfuse.testing")
     model.ir_version = 8
     return model
+
+
+def _query_biased_scores(
+    b: _Builder, v: Variant, q: str, kt: str, inputs: list, seq: int | str, kv_seq: int | str, np_type: np.dtype
+) -> str:
+    """Q·Kᵀ, or Q·Kᵀ plus a term that reads Q (see QUERY_BIASES)."""
+    heads, hd = v.heads, v.head_dim
+    onnx_type = helper.np_dtype_to_tensor_dtype(np_type)
+    if v.query_bias == "rel_pos_uv":  # (Q + u)·Kᵀ + (Q + v)·Rᵀ, u and v (N, 1, H) per head
+        u, w = (b.const((b.rng.standard_normal((heads, 1, hd)) * 0.5).astype(np_type), t) for t in ("pos_u", "pos_v"))
+        inputs.append(helper.make_tensor_value_info("rel_pos", onnx_type, [1, heads, hd, kv_seq]))
+        content = b.op("MatMul", [b.comm("Add", q, u), kt])
+        return b.op("Add", [content, b.op("MatMul", [b.comm("Add", q, w), "rel_pos"])])
+    s = b.op("MatMul", [q, kt])
+    if v.query_bias == "gated":  # sigmoid(Q·w) (B, N, S, 1) scaling a (1, N, S, T) position bias
+        inputs.append(helper.make_tensor_value_info("gated_bias", onnx_type, [1, heads, seq, kv_seq]))
+        gate = b.op("Sigmoid", [b.op("MatMul", [q, b.const(b.rng.standard_normal((hd, 1)).astype(np_type), "w_gate")])])
+        s = b.op("Add", [s, b.comm("Mul", gate, "gated_bias")])
+    return s
 
 
 def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
@@ -445,6 +471,7 @@ def _compatible(choices: dict) -> dict:
         c["k_layout"] = "transpose_0132"
     if c.get("softcap", "none") != "none":
         c["position_bias"] = False
+        c["query_bias"] = "none"
         if c["mask"] == "additive_before_scale":
             c["mask"] = "additive"
     return c
@@ -477,6 +504,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "rope_seq_first": st.booleans(),
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
+            "query_bias": st.sampled_from(QUERY_BIASES),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -488,6 +516,7 @@ __all__ = [
     "DTYPES",
     "K_LAYOUTS",
     "MASKS",
+    "QUERY_BIASES",
     "ROPE_TABLES",
     "SCALES",
     "SOFTCAP",

@@ -65,11 +65,16 @@ def rules(
                 yield rewrite(select).to(Tensor.add(logits, additive), scalar_of(c) == f, f <= f64(ABSORBING_FILL))
         # Nested selects over the scores (a select mask, then a causal Where): both masked gives the outer fill,
         # as the nested additive mask does (a sum of the two would give −inf there, or 2·fill).
-        inner_fill = Tensor.full_like(d, g2)
-        for inner, inner_additive in (
-            (Tensor.where(m2, logits, d), Tensor.where(m2, Tensor.full_like(d, 0.0), inner_fill)),
-            (Tensor.where(m2, d, logits), Tensor.where(m2, inner_fill, Tensor.full_like(d, 0.0))),
-        ):
+        inner_fill, inner_zero = Tensor.full_like(d, g2), Tensor.full_like(d, 0.0)
+        inner_selects = [
+            pair
+            for kept, other in ((logits, inner_zero), (Tensor.add(logits, b), b))
+            for pair in (
+                (Tensor.where(m2, kept, d), Tensor.where(m2, other, inner_fill)),
+                (Tensor.where(m2, d, kept), Tensor.where(m2, inner_fill, other)),
+            )
+        ]
+        for inner, inner_additive in inner_selects:
             for select, additive in (
                 (Tensor.where(m, inner, c), Tensor.where(m, inner_additive, masked)),
                 (Tensor.where(m, c, inner), Tensor.where(m, masked, inner_additive)),

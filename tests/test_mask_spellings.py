@@ -84,10 +84,13 @@ def test_a_select_fill_alone_is_still_moved_for_the_standard_op():
 def test_drawn_spellings_keep_left_padded_rows(variant):
     """Every drawn spelling, fed a left-padded batch (fully masked query rows under a causal mask). Masks that
     fill with −inf are left out: the graph gives such a row NaN, the standard op 0 (rolled back by design); so
-    are float16 models fed the −10000 additive mask of ``feeds_for``: S − 10000 rounds to multiples of 8 in
-    float16, so a row that sees only padded keys is noise in the graph itself."""
+    are float16 models fed the −10000 additive mask of ``feeds_for`` or filling with −1e4 (``where_reversed``):
+    S − 10000 is not −10000 (nor a multiple of 8 the graph rounds to), so a row that sees only such keys is
+    uniform in the graph and softmax(S) in any additive form — validation rolls those regions back."""
     assume(variant.mask != "where_neginf" and variant.causal != "trilu")
-    assume(not (variant.dtype == "float16" and variant.mask.startswith("additive")))
+    assume(
+        not (variant.dtype == "float16" and (variant.mask.startswith("additive") or variant.mask == "where_reversed"))
+    )
     model = attention_model(variant)
     feeds = feeds_for(model, seed=variant.seed, left_padding=True)
     for target in ("ort", "onnx"):
@@ -95,3 +98,17 @@ def test_drawn_spellings_keep_left_padded_rows(variant):
         assert result.report.fused == 1, f"{variant}\n{result.report}"
         for name, comparison in validate.compare_models(model, result.model, feeds).items():
             assert comparison.ok, f"{name} differs by {comparison.max_abs_diff}: {variant}"
+
+
+@pytest.mark.parametrize("query_bias", ["rel_pos_uv", "gated"])
+@pytest.mark.parametrize("scale", ["qk_div", "q_mul", "none"])
+def test_query_dependent_biases_fuse(query_bias, scale, target):
+    """Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` — attention on the query Q + u, the position
+    term an additive bias computed outside the op — and a gate computed from Q scaling a position bias."""
+    model = attention_model(Variant(query_bias=query_bias, scale=scale, k_layout="transpose_0132"))
+    _fuse_checked(model, target, feeds_for(model, left_padding=True))
+
+
+def test_query_dependent_bias_with_a_causal_buffer_and_padding(target):
+    model = attention_model(Variant(query_bias="gated", mask="padding_int", causal="buffer_where"))
+    _fuse_checked(model, target, feeds_for(model, left_padding=True))
