@@ -24,6 +24,11 @@ scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sl
 the mask is added (the other causal values come after it)."""
 SOFTCAPS = ("none", "div", "reciprocal")
 QUERY_BIASES = ("none", "rel_pos_uv", "gated")
+QDQ = ("none", "inputs", "probs")
+"""QuantizeLinear → DequantizeLinear pairs (int8, per tensor): on the Q/K/V projections' outputs (``inputs``:
+outside attention, the fused op reads the dequantized values) or also on the probabilities before ·V
+(``probs``, as ``quantize_static`` writes them on every MatMul input: no fused op rounds its probabilities, so
+that block must stay unfused — a near miss, not drawn by ``variants()``)."""
 """Additive score terms computed from Q: Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (content and
 position biases u, v per head, R the projected relative positions), or a gate computed from Q scaling a
 position bias (WavLM's gated relative position bias)."""
@@ -61,6 +66,7 @@ class Variant:
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
     query_bias: str = "none"  # see QUERY_BIASES
+    qdq: str = "none"  # see QDQ
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -71,6 +77,8 @@ class Variant:
             raise ValueError("a causal mask, a self-attention cache or RoPE needs queries and keys over one sequence")
         if (kv != self.heads or self.past or self.rope) and self.k_layout == "transpose_0231":
             raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
+        if self.qdq != "none" and self.dtype != "float32":
+            raise ValueError("QDQ pairs quantize float32 tensors (QuantizeLinear before opset 19 takes no float16)")
         if self.softcap != "none" and (
             self.mask == "additive_before_scale" or self.position_bias or self.query_bias != "none"
         ):
@@ -130,7 +138,13 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         y = b.op("MatMul", [x, w])
         if v.proj_bias:
             y = b.comm("Add", y, b.const(b.rng.standard_normal(width).astype(np_type) * 0.1, f"b{tag}"))
-        return y
+        return quantized(y, 0.05)
+
+    def quantized(y: str, step: float) -> str:  # int8 per-tensor QDQ pair (zero point 0)
+        if v.qdq == "none":
+            return y
+        params = [b.const(np.array(step, np_type), "q_scale"), b.const(np.array(0, np.int8), "q_zero")]
+        return b.op("DequantizeLinear", [b.op("QuantizeLinear", [y, *params]), *params])
 
     def split(y: str, n: int) -> str:  # (B, S, n·H) → (B, S, n, H)
         return b.op("Reshape", [y, b.const(np.array([0, 0, n, hd], np.int64), "shape")])
@@ -268,6 +282,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         p = b.op("Cast", [p], to=onnx_type)
     if v.guard:
         p = b.op("Where", [b.op("IsNaN", [p]), scalar(0.0, "zero"), p])
+    if v.qdq == "probs":
+        p = quantized(p, 1.0 / 127)
     o = b.op("MatMul", [p, v_])
     o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
     o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
@@ -474,6 +490,8 @@ def _compatible(choices: dict) -> dict:
         c["query_bias"] = "none"
         if c["mask"] == "additive_before_scale":
             c["mask"] = "additive"
+    if c.get("dtype", "float32") != "float32":
+        c["qdq"] = "none"
     return c
 
 
@@ -505,6 +523,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
             "query_bias": st.sampled_from(QUERY_BIASES),
+            "qdq": st.sampled_from(QDQ[:2]),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -516,6 +535,7 @@ __all__ = [
     "DTYPES",
     "K_LAYOUTS",
     "MASKS",
+    "QDQ",
     "QUERY_BIASES",
     "ROPE_TABLES",
     "SCALES",

@@ -112,3 +112,22 @@ def test_query_dependent_biases_fuse(query_bias, scale, target):
 def test_query_dependent_bias_with_a_causal_buffer_and_padding(target):
     model = attention_model(Variant(query_bias="gated", mask="padding_int", causal="buffer_where"))
     _fuse_checked(model, target, feeds_for(model, left_padding=True))
+
+
+def test_qdq_pairs_on_the_projections_stay_outside_the_fused_op(target):
+    """QuantizeLinear → DequantizeLinear on Q, K and V: the fused op reads the dequantized values, exactly as
+    the graph's MatMuls did."""
+    model = attention_model(Variant(qdq="inputs", mask="padding_int", causal="buffer_where"))
+    result = _fuse_checked(model, target, feeds_for(model, left_padding=True))
+    assert sum(n.op_type == "QuantizeLinear" for n in result.model.graph.node) == 3
+
+
+def test_quantized_probabilities_keep_the_block_unfused_and_say_why(target):
+    """``quantize_static``'s QDQ format rounds the probabilities to int8 before ·V: no fused op does that, so the
+    block is left as it is and the report says why."""
+    model = attention_model(Variant(qdq="probs"))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    (region,) = result.report.regions
+    assert region.status == "not fused" and "quantized" in region.reason, str(result.report)
+    assert_same_outputs(model, result.model, feeds, atol=0.0)
