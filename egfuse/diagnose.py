@@ -106,6 +106,9 @@ def why_not(
     matmuls = [n for n in region.nodes if n.op_type in ("MatMul", "Einsum") and n.inputs[0] is not None]
     pv = next((n for n in matmuls if any(_feeds_from(v, softmax) for v in n.inputs if v is not None)), None)
     if pv is None:
+        quantized = _quantized(softmax)
+        if quantized is not None:
+            return quantized
         return "the softmax output is not multiplied by V (no MatMul consumes it)"
     probabilities = softmax.outputs[0]
     users = [use.node for use in probabilities.uses()]
@@ -122,6 +125,27 @@ def why_not(
     capped = any(n.op in ("attend", "attend_z") and float(n.args[5]) != 0.0 for n in classes.get(cid, []))
     what = "soft-capped attention" if capped else "attention"
     return f"{what} recognised, but target {target!r} can run none of its forms ({', '.join(sorted(runnable))})"
+
+
+def _quantized(softmax: ir.Node) -> str | None:
+    """Why a quantized block stays unfused: its probabilities (or scores) are rounded to an integer grid
+    (QuantizeLinear → DequantizeLinear, as ``quantize_static`` writes around every MatMul input) between the
+    ops a fused attention would replace. No fused op rounds inside itself, and dropping the rounding changes
+    the outputs by the quantization error (0.03 on a tiny block whose outputs are ~1: far above validation's
+    1e-4), so the block keeps its meaning only unfused."""
+    values = [softmax.outputs[0]]
+    values += [use.node.outputs[0] for use in softmax.outputs[0].uses() if use.node.op_type in ("Cast", "Where")]
+    if any(use.node.op_type == "QuantizeLinear" for value in values for use in value.uses()):
+        return (
+            "the softmax output is quantized (QuantizeLinear → DequantizeLinear) before ·V: "
+            "no fused op rounds its probabilities"
+        )
+    producer = softmax.inputs[0].producer() if softmax.inputs[0] is not None else None
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        return (
+            "the scores are quantized (QuantizeLinear → DequantizeLinear) before the softmax: no fused op rounds them"
+        )
+    return None
 
 
 def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:

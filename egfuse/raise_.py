@@ -18,6 +18,9 @@ from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
 from egfuse.targets.base import FUSED, Target
 
+_LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
+"""finfo.min of each float type, as the f64 a fill is kept as in the e-graph."""
+
 _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
            "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape"}  # fmt: skip
 
@@ -68,7 +71,11 @@ class NodeBuilder:
         return list(node.outputs)
 
     def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
-        return self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
+        out = self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
+        # Typed, so what is computed from it is too: a mask of unknown dtype was passed to the standard op
+        # without :meth:`Emitter.finite_mask` (a select mask plus a padding term, GPT-2/GPT-Neo eager).
+        out.dtype, out.shape = ir.DataType.from_numpy(np.asarray(array).dtype), ir.Shape(np.asarray(array).shape)
+        return out
 
     def initializer(self, array: np.ndarray, hint: str) -> ir.Value:
         value = ir.Value(name=self._name(hint), const_value=ir.tensor(array))
@@ -108,6 +115,9 @@ class Emitter(NodeBuilder):
         """Values outside the region the emitted ops stand in for (a KV cache's Concat outputs)."""
         self.cache_note: str | None = None
         """What happened to a KV-cache Concat feeding the op (for the report)."""
+        self.exact_fills: set[EClass] = set()
+        """Select-mask fills (``full_like``) written as the graph's own number, not respelled by
+        :meth:`Target.mask_fill`: the mask holds other terms (see :meth:`mark_exact_fills`)."""
 
     def operands(
         self, q: EClass, k: EClass, v: EClass, bias: EClass, q_axis: int, k_axis: int, cache_allowed: bool
@@ -213,6 +223,7 @@ class Emitter(NodeBuilder):
         ``key_length`` overrides T (read from ``key``'s shape otherwise)."""
         if self.choice[cid].node.op == "no_bias":
             return None
+        self.mark_exact_fills(cid)
         mask = self.value(cid)
         known = self.facts.shape(self.leaf_value(cid))  # None for a term the rules built
         if known is not None and len(known) == 4 and all(d is not None and d != Dim(1) for d in known[2:]):
@@ -222,6 +233,36 @@ class Emitter(NodeBuilder):
         t = key_length if key_length is not None else self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
+
+    def mark_exact_fills(self, cid: EClass) -> None:
+        """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of
+        fills alone.
+
+        ``S + Where(m, b, F)`` and ``S + (Where(m, 0, F) + b)`` are the graph's select masks exactly in float32
+        for F = finfo.min: where m is false they give F + b or F (−inf where b = finfo.min too; S + F rounds
+        to F for any |S| < 2^103). With F moved one ulp up that no longer holds next to a term b that holds
+        finfo.min: an entry S + finfo.min = finfo.min falls below the moved fill, so a left-padded causal row
+        (GPT-2/GPT-Neo eager: causal ``Where``, then ``(1 − m)·finfo.min``) put all its weight on the keys the
+        fill masked instead of spreading it over both. A mask of fills alone may be moved: every masked entry
+        of a row moves with it."""
+        fills: list[EClass] = []
+        stack, seen, fills_only = [cid], set(), True
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            node = self.choice[current].node
+            if node.op == "full_like":
+                fills.append(current)
+            elif node.op == "where":  # the condition is not a mask value
+                stack.extend(node.children[1:])
+            elif node.op in ("add", "sub", "mul", "div"):
+                stack.extend(node.children)
+            else:
+                fills_only = False
+        if not fills_only:
+            self.exact_fills.update(fills)
 
     def finite_mask(self, bias: EClass, mask: ir.Value | None) -> ir.Value | None:
         """``mask`` with its entries equal to finfo.min moved one ulp up, for onnxruntime's standard
@@ -241,7 +282,9 @@ class Emitter(NodeBuilder):
 
     def _may_hold_lowest(self, cid: EClass) -> bool:
         node = self.choice[cid].node
-        if node.op in ("full_like", "no_bias"):
+        if node.op == "full_like":  # written exactly when summed (a lowest fill moved otherwise)
+            return cid in self.exact_fills and float(node.args[1]) in _LOWEST
+        if node.op == "no_bias":
             return False
         if node.op == "where":  # the condition is not a mask value
             return any(self._may_hold_lowest(c) for c in node.children[1:])
@@ -260,7 +303,7 @@ class Emitter(NodeBuilder):
             if original is not None and not self._has_fused(cid):
                 self.memo[cid] = original  # unchanged by fusion: reuse the graph's own value, emit nothing
             else:
-                self.memo[cid] = self._emit(self.choice[cid].node)
+                self.memo[cid] = self._emit(self.choice[cid].node, cid)
         return self.memo[cid]
 
     def _has_fused(self, cid: EClass) -> bool:
@@ -270,7 +313,7 @@ class Emitter(NodeBuilder):
             self._fused_memo[cid] = node.op in FUSED or any(self._has_fused(c) for c in node.children)
         return self._fused_memo[cid]
 
-    def _emit(self, n: ENode) -> ir.Value:
+    def _emit(self, n: ENode, cid: EClass | None = None) -> ir.Value:
         op, a = n.op, n.args
         if op == "value":
             return self.lowered.values[a[0]]
@@ -280,7 +323,8 @@ class Emitter(NodeBuilder):
         if op == "full_like":
             like = self.value(a[0])
             dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            return self.const(np.array(self.target.mask_fill(float(a[1]), dtype), dtype=dtype), "fill")
+            fill = float(a[1]) if cid in self.exact_fills else self.target.mask_fill(float(a[1]), dtype)
+            return self.const(np.array(fill, dtype=dtype), "fill")
         if op == "zero_bias":
             weight = self.constant_array(a[0])
             return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")

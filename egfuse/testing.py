@@ -18,8 +18,20 @@ SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom
 K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
 MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
          "where_reversed", "padding_int")  # fmt: skip
-CAUSAL = ("none", "trilu", "range_greater")
+CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
+"""``buffer_where``/``buffer_local``: transformers 4.36–4.42 GPT-2/GPT-Neo eager — ``Where(bias[:, :, T-S:T, :T],
+scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sliding window), applied *before*
+the mask is added (the other causal values come after it)."""
 SOFTCAPS = ("none", "div", "reciprocal")
+QUERY_BIASES = ("none", "rel_pos_uv", "gated")
+QDQ = ("none", "inputs", "probs")
+"""QuantizeLinear → DequantizeLinear pairs (int8, per tensor): on the Q/K/V projections' outputs (``inputs``:
+outside attention, the fused op reads the dequantized values) or also on the probabilities before ·V
+(``probs``, as ``quantize_static`` writes them on every MatMul input: no fused op rounds its probabilities, so
+that block must stay unfused — a near miss, not drawn by ``variants()``)."""
+"""Additive score terms computed from Q: Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (content and
+position biases u, v per head, R the projected relative positions), or a gate computed from Q scaling a
+position bias (WavLM's gated relative position bias)."""
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
@@ -62,6 +74,8 @@ class Variant:
     baddbmm: bool = False  # batch_folded only: scores = beta·alibi + alpha·(Q·Kᵀ), alibi (B·N, 1, T) (BLOOM)
     einsum: bool = False  # scores and context written as two-operand Einsums (TorchScript keeps them as one op)
     clamp: bool = False  # OPT: max(masked scores, finfo.min) before the softmax
+    query_bias: str = "none"  # see QUERY_BIASES
+    qdq: str = "none"  # see QDQ
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -72,7 +86,11 @@ class Variant:
             raise ValueError("a causal mask, a self-attention cache or RoPE needs queries and keys over one sequence")
         if (kv != self.heads or self.past or self.rope) and self.k_layout == "transpose_0231":
             raise ValueError("repeat_kv, the cache and RoPE work on (B, N, T, H) keys; transpose_0231 has none")
-        if self.softcap != "none" and (self.mask == "additive_before_scale" or self.position_bias):
+        if self.qdq != "none" and self.dtype != "float32":
+            raise ValueError("QDQ pairs quantize float32 tensors (QuantizeLinear before opset 19 takes no float16)")
+        if self.softcap != "none" and (
+            self.mask == "additive_before_scale" or self.position_bias or self.query_bias != "none"
+        ):
             raise ValueError("soft-capping comes before the mask and any bias: none may be added inside it")
         if self.heads_layout not in HEAD_LAYOUTS:
             raise ValueError(f"heads_layout must be one of {HEAD_LAYOUTS}")
@@ -80,6 +98,10 @@ class Variant:
             raise ValueError("baddbmm adds its bias to alpha·(Q·Kᵀ) on folded heads: alpha is the (qk_mul) scale")
         if self.heads_layout in ("channel_first", "single") and (kv != self.heads or self.past or self.rope):
             raise ValueError("channel-first and single-head blocks have no repeat_kv, cache or RoPE here")
+        if (self.heads_layout != "split" or self.einsum) and (
+            self.query_bias != "none" or self.causal in ("buffer_where", "buffer_local")
+        ):
+            raise ValueError("query-dependent biases and the causal buffer are built on split heads' MatMul scores")
         if self.heads_layout == "single" and self.heads != 1:
             raise ValueError("single-head attention has one head")
 
@@ -137,7 +159,13 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         y = b.op("MatMul", [x, w])
         if v.proj_bias:
             y = b.comm("Add", y, b.const(b.rng.standard_normal(width).astype(np_type) * 0.1, f"b{tag}"))
-        return y
+        return quantized(y, 0.05)
+
+    def quantized(y: str, step: float) -> str:  # int8 per-tensor QDQ pair (zero point 0)
+        if v.qdq == "none":
+            return y
+        params = [b.const(np.array(step, np_type), "q_scale"), b.const(np.array(0, np.int8), "q_zero")]
+        return b.op("DequantizeLinear", [b.op("QuantizeLinear", [y, *params]), *params])
 
     def split(y: str, n: int) -> str:  # (B, S, n·H) → (B, S, n, H)
         return b.op("Reshape", [y, b.const(np.array([0, 0, n, hd], np.int64), "shape")])
@@ -247,7 +275,9 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.scale == "split_sqrt":
         kt = mul_scalar(kt, np.sqrt(scale))
     q_in = _fold(b, q) if folded else q
-    if not v.einsum:
+    if v.query_bias != "none":  # split heads only (see _compatible)
+        s = _query_biased_scores(b, v, q, kt, inputs, seq, kv_seq, np_type)
+    elif not v.einsum:
         s = b.op("MatMul", [q_in, kt])
     else:
         s = b.op("Einsum", [q_in, kt], equation=_EINSUM_SCORES["bsnh" if bsnh_einsum else layout])
@@ -310,10 +340,11 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         s = b.comm("Add", s, "position_bias")
 
     if v.mask == "additive_before_scale":
-        s = apply_scale(b.comm("Add", s, mask))
+        s = _buffer_causal(b, v, apply_scale(b.comm("Add", s, mask)), q, kt, np_type)
     else:
         if not scaled:
             s = soft_cap(apply_scale(s))
+        s = _buffer_causal(b, v, s, q, kt, np_type)
         if v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
@@ -336,6 +367,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         p = b.op("Cast", [p], to=onnx_type)
     if v.guard:
         p = b.op("Where", [b.op("IsNaN", [p]), scalar(0.0, "zero"), p])
+    if v.qdq == "probs":
+        p = quantized(p, 1.0 / 127)
     if bsnh_einsum:  # bnij,bjnd->bind: the context comes out as (B, S, N, H)
         o = b.op("Einsum", [p, v_bsnh], equation=_EINSUM_CONTEXT["bsnh"])
         o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
@@ -397,9 +430,28 @@ def _channel_heads(b: _Builder, v: Variant, t: str) -> str:
     return b.op("Reshape", [t, b.const(np.array([0, v.heads, v.head_dim, -1], np.int64), "shape")])
 
 
+def _query_biased_scores(
+    b: _Builder, v: Variant, q: str, kt: str, inputs: list, seq: int | str, kv_seq: int | str, np_type: np.dtype
+) -> str:
+    """Q·Kᵀ, or Q·Kᵀ plus a term that reads Q (see QUERY_BIASES)."""
+    heads, hd = v.heads, v.head_dim
+    onnx_type = helper.np_dtype_to_tensor_dtype(np_type)
+    if v.query_bias == "rel_pos_uv":  # (Q + u)·Kᵀ + (Q + v)·Rᵀ, u and v (N, 1, H) per head
+        u, w = (b.const((b.rng.standard_normal((heads, 1, hd)) * 0.5).astype(np_type), t) for t in ("pos_u", "pos_v"))
+        inputs.append(helper.make_tensor_value_info("rel_pos", onnx_type, [1, heads, hd, kv_seq]))
+        content = b.op("MatMul", [b.comm("Add", q, u), kt])
+        return b.op("Add", [content, b.op("MatMul", [b.comm("Add", q, w), "rel_pos"])])
+    s = b.op("MatMul", [q, kt])
+    if v.query_bias == "gated":  # sigmoid(Q·w) (B, N, S, 1) scaling a (1, N, S, T) position bias
+        inputs.append(helper.make_tensor_value_info("gated_bias", onnx_type, [1, heads, seq, kv_seq]))
+        gate = b.op("Sigmoid", [b.op("MatMul", [q, b.const(b.rng.standard_normal((hd, 1)).astype(np_type), "w_gate")])])
+        s = b.op("Add", [s, b.comm("Mul", gate, "gated_bias")])
+    return s
+
+
 def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
     """Mask key j > query i + P (P cached positions), with lengths read from shapes as exporters do."""
-    if v.causal == "none":
+    if v.causal in ("none", "buffer_where", "buffer_local"):
         return s
 
     def dim(value: str, axis: int) -> str:  # a 1-element shape slice
@@ -427,6 +479,35 @@ def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: st
     queries = b.op("Unsqueeze", [arange(cached, total), b.const(np.array([1], np.int64))])
     future = b.op("Greater", [keys, queries])
     return b.op("Where", [future, b.const(np.array(np.finfo(np_type).min, np_type), "fill"), s])
+
+
+BUFFER_POSITIONS = 16
+"""Rows of the causal buffer (GPT-2's ``n_positions``): longer than any sequence the tests feed."""
+LOCAL_WINDOW = 3
+"""GPT-Neo's ``window_size`` of ``buffer_local``: small enough that the test sequences reach past it."""
+
+
+def _buffer_causal(b: _Builder, v: Variant, s: str, q: str, kt: str, np_type: np.dtype) -> str:
+    """GPT-2 eager (transformers 4.36–4.42): ``Where(bias[:, :, T-S:T, :T], scores, finfo.min)`` with ``bias``
+    a stored (1, 1, M, M) boolean tril buffer (GPT-Neo's local layers: tril XOR tril(−window)), S and T read
+    from Q's and Kᵀ's shapes (``query.size(-2)``, ``key.size(-2)``) — before the padding mask is added."""
+    if v.causal not in ("buffer_where", "buffer_local"):
+        return s
+    positions = BUFFER_POSITIONS
+    allowed = np.tril(np.ones((positions, positions), bool))
+    if v.causal == "buffer_local":
+        allowed &= ~np.tril(allowed, -LOCAL_WINDOW)
+    buffer = b.const(allowed.reshape(1, 1, positions, positions), "bias")
+    query_length = b.op("Shape", [q], start=2, end=3)
+    if v.past:  # P + S: GPT-2 reads T from the cache's Concat, which then stays outside the op (see kv_cache)
+        key_length = b.op("Add", [b.op("Shape", ["past_key"], start=2, end=3), query_length])
+    else:
+        key_length = b.op("Shape", [kt], start=3, end=4)
+    start = b.op("Sub", [key_length, query_length])
+    rows = b.op("Slice", [buffer, start, key_length, b.const(np.array([2], np.int64))])
+    zero = b.const(np.array([0], np.int64))
+    causal = b.op("Slice", [rows, zero, key_length, b.const(np.array([3], np.int64))])
+    return b.op("Where", [causal, s, b.const(np.array(np.finfo(np_type).min, np_type), "fill")])
 
 
 class _Rope:
@@ -487,8 +568,14 @@ class _Rope:
         return b.op("Concat", [out, part(t, self.width, 2**31)], axis=-1) if self.width < self.head else out
 
 
-def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5) -> dict[str, np.ndarray]:
+def feeds_for(
+    model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 5, left_padding: bool = False
+) -> dict[str, np.ndarray]:
     """Random inputs with real padding: the last sequence's final position is masked out.
+
+    ``left_padding`` also masks the first two positions of the first sequence (a left-padded batch): under a
+    causal mask its first query rows then see no key at all — the fully masked rows whose meaning (the mean
+    of V, or of the keys a select fill ties with) fused kernels must keep.
 
     Keys/values of cross-attention (``kv_seq``) are two positions longer than the queries, so a mix-up of
     the two lengths cannot pass unnoticed."""
@@ -502,14 +589,20 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0, batch: int = 2, seq: int = 
         if tensor_type.elem_type == TensorProto.INT64:  # 1 = attend, 0 = padding
             m = np.ones(dims, np.int64)
             m[-1, -1] = 0
+            if left_padding:
+                m[0, :2] = 0
             feeds[inp.name] = m
         elif tensor_type.elem_type == TensorProto.BOOL:
             m = np.ones(dims, bool)
             m[-1, ..., -1] = False
+            if left_padding:
+                m[0, ..., :2] = False
             feeds[inp.name] = m
         elif inp.name == "mask":
             m = np.zeros(dims, dtype)
             m[-1, ..., -1] = -10000.0
+            if left_padding:
+                m[0, ..., :2] = -10000.0
             feeds[inp.name] = m
         else:
             feeds[inp.name] = rng.standard_normal(dims).astype(dtype)
@@ -530,6 +623,7 @@ def _compatible(choices: dict) -> dict:
         c["k_layout"] = "transpose_0132"
     if c.get("softcap", "none") != "none":
         c["position_bias"] = False
+        c["query_bias"] = "none"
         if c["mask"] == "additive_before_scale":
             c["mask"] = "additive"
     layout = c.setdefault("heads_layout", "split")
@@ -542,6 +636,12 @@ def _compatible(choices: dict) -> dict:
         c["kv_heads"], c["past"], c["rope"] = None, False, False
     if layout == "single":
         c["heads"] = 1
+    if layout != "split" or c.get("einsum"):  # these build split-head 4D scores from MatMul
+        c["query_bias"] = "none"
+        if c["causal"] in ("buffer_where", "buffer_local"):
+            c["causal"] = "trilu"
+    if c.get("dtype", "float32") != "float32":
+        c["qdq"] = "none"
     return c
 
 
@@ -576,6 +676,8 @@ def variants():  # pragma: no cover - exercised by the property tests
             "baddbmm": st.booleans(),
             "einsum": st.booleans(),
             "clamp": st.booleans(),
+            "query_bias": st.sampled_from(QUERY_BIASES),
+            "qdq": st.sampled_from(QDQ[:2]),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -588,6 +690,8 @@ __all__ = [
     "HEAD_LAYOUTS",
     "K_LAYOUTS",
     "MASKS",
+    "QDQ",
+    "QUERY_BIASES",
     "ROPE_TABLES",
     "SCALES",
     "SOFTCAP",

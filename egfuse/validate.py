@@ -109,12 +109,15 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
 def _padding(shape: list[int]) -> np.ndarray:
     """1 = attend, 0 = padding; the last row of the batch has its final position padded and, in a batch of
     more than one, the first row its first position (left padding, as batched generation pads: under a
-    causal mask that query row sees nothing but padding, the case kernels answer differently)."""
+    causal mask that query row sees nothing but padding, the case kernels answer differently) — its first
+    two where the sequence is longer than two, so some padded keys are also causally masked: a padded key
+    a causal select already masked is where a select (finfo.min) and a sum (finfo.min + finfo.min = −inf)
+    disagree."""
     mask = np.ones(shape)
     if len(shape) >= 2 and shape[-1] > 1:
         mask[shape[0] - 1, ..., shape[-1] - 1] = 0
         if shape[0] > 1:
-            mask[0, ..., 0] = 0
+            mask[0, ..., : 2 if shape[-1] > 2 else 1] = 0
     elif len(shape) == 1 and shape[0] > 1:
         mask[-1] = 0
     return mask

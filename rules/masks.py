@@ -3,6 +3,15 @@
 * select masks ``Where(m, S, fill)`` with a very negative fill (−inf, finfo.min, −1e9 …) are ``S + Where(m,
   0, fill)`` under the softmax: masked entries get weight exp(−huge) = 0 either way (exact for −inf, and
   within float rounding for any fill ≤ −1e4); the reversed polarity ``Where(m, fill, S)`` likewise;
+* only the scores S (soft-capped or not) may stand in the select's kept branch: what is added to a fill must be
+  absorbed by it. ``S + F = F`` in float32 (|S| < 2^103 for F = finfo.min), but a term that holds F itself
+  (a padding mask ``(1 − m)·F`` added before the select, a nested select with the same fill) gives
+  ``F + F = −inf`` where the select gave F, and a row masked entirely (left padding under a causal mask) is
+  uniform over all its keys in the graph but over fewer after the rewrite. Such a term b is moved *into* the
+  select instead: ``Where(m, S + b, F) = S + Where(m, b, F)`` exactly. For fills that absorb every score
+  (−inf, and ≤ −1e30: float32's finfo.min) these are identities of tensors, not only under the softmax, so
+  they compose — nested selects, a select then an added mask (GPT-2/GPT-Neo eager) — through the bias
+  associativity of ``commute``;
 * a mask added before the scale is a scaled mask added after it (distributivity);
 * ``Where(IsNaN(p), 0, p)`` is the NaN guard; once the mask is known finite it is the identity.
 """
@@ -16,6 +25,9 @@ from egfuse.lang import Tensor, finite, scalar_of
 NEG_INF = float("-inf")
 MASK_FILL_MAX = -1e4
 """A select-mask fill at or below this is 'masked out' (exp underflows to 0 in fp16 and fp32)."""
+ABSORBING_FILL = -1e30
+"""A fill at or below this absorbs any score added to it: ``S + F == F`` exactly in float32 for |S| < 2^103
+(F = finfo.min, ulp 2^104) and for −inf; no float16 number lies between it and −inf."""
 
 
 @ruleset
@@ -23,6 +35,7 @@ def rules(
     q: Tensor,
     k: Tensor,
     m: Tensor,
+    m2: Tensor,
     x: Tensor,
     b: Tensor,
     c: Tensor,
@@ -32,28 +45,62 @@ def rules(
     s: f64,
     f: f64,
     g: f64,
+    g2: f64,
 ):
     # The additive mask holds its own copy of the fill (``full_like``), which a target may respell as the
     # number its kernel reads the same way (see ``Target.mask_fill``).
     fill = f64(MASK_FILL_MAX)
     zero, masked = Tensor.full_like(c, 0.0), Tensor.full_like(c, f)
-    yield rewrite(Tensor.softmax(Tensor.where(m, x, c))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, zero, masked))), scalar_of(c) == f, f <= fill
-    )
-    yield rewrite(Tensor.softmax(Tensor.where(m, c, x))).to(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, masked, zero))), scalar_of(c) == f, f <= fill
-    )
-    # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added), either
-    # polarity, either operand order.
-    polarities = (
-        (Tensor.where(m, x, c), Tensor.where(m, zero, masked)),
-        (Tensor.where(m, c, x), Tensor.where(m, masked, zero)),
-    )
-    for select, additive in polarities:
-        for select_then_add in (Tensor.add(select, b), Tensor.add(b, select)):
-            yield rewrite(Tensor.softmax(select_then_add)).to(
-                Tensor.softmax(Tensor.add(x, Tensor.add(additive, b))), scalar_of(c) == f, f <= fill
+    for logits in (Tensor.scores(q, k, s), Tensor.softcap(Tensor.scores(q, k, s), g)):
+        # The kept branch is the scores, or the scores plus a bias b that moves into the select.
+        for kept, other in ((logits, zero), (Tensor.add(logits, b), b)):
+            for select, additive in (
+                (Tensor.where(m, kept, c), Tensor.where(m, other, masked)),
+                (Tensor.where(m, c, kept), Tensor.where(m, masked, other)),
+            ):
+                yield rewrite(Tensor.softmax(select)).to(
+                    Tensor.softmax(Tensor.add(logits, additive)), scalar_of(c) == f, f <= fill
+                )
+                # Absorbing fills: an identity of tensors, so it composes with what is around the select.
+                yield rewrite(select).to(Tensor.add(logits, additive), scalar_of(c) == f, f <= f64(ABSORBING_FILL))
+        # Nested selects over the scores (a select mask, then a causal Where): both masked gives the outer fill,
+        # as the nested additive mask does (a sum of the two would give −inf there, or 2·fill).
+        inner_fill, inner_zero = Tensor.full_like(d, g2), Tensor.full_like(d, 0.0)
+        inner_selects = [
+            pair
+            for kept, other in ((logits, inner_zero), (Tensor.add(logits, b), b))
+            for pair in (
+                (Tensor.where(m2, kept, d), Tensor.where(m2, other, inner_fill)),
+                (Tensor.where(m2, d, kept), Tensor.where(m2, inner_fill, other)),
             )
+        ]
+        for inner, inner_additive in inner_selects:
+            for select, additive in (
+                (Tensor.where(m, inner, c), Tensor.where(m, inner_additive, masked)),
+                (Tensor.where(m, c, inner), Tensor.where(m, masked, inner_additive)),
+            ):
+                yield rewrite(Tensor.softmax(select)).to(
+                    Tensor.softmax(Tensor.add(logits, additive)),
+                    scalar_of(c) == f,
+                    f <= fill,
+                    scalar_of(d) == g2,
+                    g2 <= fill,
+                )
+        # A select mask followed by an additive one (GPT-2: causal Where, then the padding mask added), either
+        # polarity, either operand order.
+        # The kept branch may again carry a bias (a position bias added before the select).
+        polarities = [
+            (Tensor.where(m, kept, c), Tensor.where(m, other, masked))
+            for kept, other in ((logits, zero), (Tensor.add(logits, b), b))
+        ] + [
+            (Tensor.where(m, c, kept), Tensor.where(m, masked, other))
+            for kept, other in ((logits, zero), (Tensor.add(logits, b), b))
+        ]
+        for select, additive in polarities:
+            for select_then_add in (Tensor.add(select, d), Tensor.add(d, select)):
+                yield rewrite(Tensor.softmax(select_then_add)).to(
+                    Tensor.softmax(Tensor.add(logits, Tensor.add(additive, d))), scalar_of(c) == f, f <= fill
+                )
     # Scaling a select-masked tensor scales both branches (exact, elementwise).
     yield rewrite(Tensor.mul(Tensor.where(m, x, c), d)).to(
         Tensor.where(m, Tensor.mul(x, d), Tensor.mul(c, d)), scalar_of(c) == f, scalar_of(d) == g

@@ -56,7 +56,10 @@ class Target:
         onnxruntime's standard ``Attention`` reads a mask entry equal to ``lowest`` (finfo.min) as −inf and
         gives 0 for a query row masked entirely that way, where the primitive ops give the mean of V. One ulp
         above ``lowest`` means the same to the graph's algebra (added to any score it still rounds to the fill
-        itself, so a fully masked row stays uniform) and to every kernel, so all targets write that."""
+        itself, so a fully masked row stays uniform) and to every kernel, so all targets write that — for a mask
+        made of fills alone: next to another term that may hold ``lowest`` (a padding mask) the moved fill would
+        break their tie, so the emitter writes the fill as it is there (``Emitter.mark_exact_fills``) and the
+        standard op gets the whole mask moved instead (``Emitter.finite_mask``)."""
         lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
         if lowest is not None and fill == float(lowest):
             return float(np.nextafter(lowest, dtype.type(0)))
