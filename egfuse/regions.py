@@ -26,7 +26,7 @@ VOCABULARY = frozenset({
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone()
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout", "Expand", "Identity"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
-_MAX_BACKWARD_DEPTH = 12
+_MAX_BACKWARD_DEPTH = 16  # dynamo 2.1–2.4 adds Expand → Reshape before each MatMul; softcap, casts, repeat_kv add more
 
 
 @dataclass
