@@ -22,6 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
 from egfuse import diagnose, functions, protos, validate
+from egfuse.dims import integer_text_dims
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
 from egfuse.facts import SAME_SHAPE, GraphFacts
@@ -200,7 +201,7 @@ def _fuse(
             prepared = _bump_opset(prepared, STANDARD_ATTENTION_OPSET)
             fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
         else:
-            prepared = infer_shapes(converted) if converted is not None else prepared
+            prepared = infer_shapes(integer_text_dims(converted)) if converted is not None else prepared
             fused_proto, report = fuse_once(prepared, chosen)
     if validate and report.changed:
         t0 = time.perf_counter()
@@ -265,7 +266,7 @@ def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[
                 "the opset import was raised as is and the result checked on onnxruntime"
             )
         proto = converted
-    return infer_shapes(proto), note
+    return infer_shapes(integer_text_dims(proto)), note
 
 
 def _needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:

@@ -51,6 +51,21 @@ def test_text_dims_of_digits_are_sizes_for_generated_feeds():
     assert result.report.validated is True, str(result.report)
 
 
+def test_text_dims_are_integers_to_shape_inference(target):
+    """ONNX shape inference takes '3' for a symbol, so Concat(past '3', new 5) had an invented length and the
+    K/V head repeat lost its meaning (repeated heads went to MultiHeadAttention): read as 3, the grouped heads go
+    in natively and the cache is absorbed."""
+    model = attention_model(
+        Variant(k_layout="transpose_0132", heads=2, kv_heads=1, past=True, symbolic=False, text_dims=True)
+    )
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    (op,) = [n for n in result.model.graph.node if n.op_type in ("Attention", "MultiHeadAttention")]
+    assert (op.domain, op.output[1:]) == ("", ["present_key", "present_value"])
+    assert_same_outputs(model, result.model, feeds)
+
+
 def _softmax_over_axis_2(model: onnx.ModelProto) -> onnx.ModelProto:
     softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
     del softmax.attribute[:]
