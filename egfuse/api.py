@@ -85,7 +85,8 @@ def fuse(
         fused_proto, report, searched = _fuse_through_functions(loaded, chosen, validate, feeds, budgets)
     else:
         fused_proto, report = _fuse_loaded(loaded, chosen, validate, feeds, budgets)
-    report.unexamined = functions.softmaxes_in_subgraphs(searched)
+    examined = {r.softmax for r in report.regions}  # If branches on known conditions were folded into the graph
+    report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
     report.stats["seconds_total"] = time.perf_counter() - start
     return FuseResult(fused_proto, report, loaded.external_data)
 
@@ -377,6 +378,8 @@ def _fuse_once(
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
     facts = GraphFacts(graph)
+    if functions.fold_constant_ifs(graph, facts):
+        facts = GraphFacts(graph)
     # Rotations first: their outputs become plain values to the attention regions found after them.
     rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)
     regions = find_regions(graph, facts)

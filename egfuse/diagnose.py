@@ -136,7 +136,7 @@ def why_not(
 
 def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:
     node = value.producer()
-    for _ in range(4):
+    for _ in range(8):  # as far as regions look forward (guards, casts, clone, Dropout, Expand → Reshape)
         if node is None:
             return False
         if node is softmax:
@@ -147,6 +147,15 @@ def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:
 
 # Ops whose e-class holding nothing but these means the lowering gave the node no meaning the rules can use.
 _OPAQUE = frozenset({"value", "ref", "reshape"})
+
+
+_SHAPED_BY_SECOND = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice", "Tile"})
+"""Ops whose inputs after the first are shapes, axes or indices: bookkeeping, not the data recognition follows."""
+
+
+def _is_bookkeeping(value: ir.Value) -> bool:
+    """An integer or boolean tensor (a shape, an index, a mask condition is not followed: its Where is the step)."""
+    return value.dtype is not None and (value.dtype.is_integer() or value.dtype == ir.DataType.BOOL)
 
 
 def _describe(node: ir.Node) -> str:
@@ -177,7 +186,8 @@ def _first_unrecognised(value: ir.Value | None, members: set[ir.Node], ops) -> s
         if not known - _OPAQUE:
             why = "a Reshape with no layout meaning" if "reshape" in known else "an op form the rules do not read"
             return f"; recognition stopped at {_describe(node)}: {why}"
-        frontier.extend(i for i in node.inputs if i is not None)
+        data = node.inputs[:1] if node.op_type in _SHAPED_BY_SECOND else node.inputs
+        frontier.extend(i for i in data if i is not None and not _is_bookkeeping(i))
     strange = [n for n in outside if n.op_type not in VOCABULARY and n.op_type not in ("Constant", "Shape")]
     if strange:
         return f"; recognition stopped at {_describe(strange[0])}: an op outside those the rules reason about"

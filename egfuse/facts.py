@@ -79,6 +79,7 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Sqrt": lambda n, x: np.sqrt(x[0]),
     "Reciprocal": lambda n, x: (1 / x[0]).astype(x[0].dtype),
     "Neg": lambda n, x: -x[0],
+    "Abs": lambda n, x: np.abs(x[0]),
     "Add": lambda n, x: x[0] + x[1],
     "Sub": lambda n, x: x[0] - x[1],
     "Mul": lambda n, x: x[0] * x[1],
@@ -248,6 +249,11 @@ class GraphFacts:
                 start = _attr(node, "start", 0)
                 end = _attr(node, "end", None)
                 self._set_elems(out, tuple(shape[start:end]))
+        elif op == "Abs" and self.elems(x) is not None:  # torchlib's aten_expand: Abs(shape), -1 → 1 (keep)
+            self._set_elems(out, tuple(None if d is None else d if d.syms else Dim(abs(d.coef)) for d in self.elems(x)))
+        elif op == "Size" and self.elems(x) is not None:  # of a shape vector: the rank (torchlib's IsScalar)
+            self._set_const(out, np.array(len(self.elems(x)), np.int64))
+            return
         elif op in ("Identity", "Cast", "CastLike", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
             self._set_elems(out, self.elems(x))
         elif op == "Reshape" and self.elems(x) is not None and self.const(node.inputs[1]) is not None:
@@ -290,6 +296,29 @@ class GraphFacts:
                 )
         self._infer_shape(node, op, out)
 
+    def _sliced_shape(self, node: ir.Node, shape: Shape) -> Shape | None:
+        """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
+        symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
+        args = [self.const(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(args) < 2 or args[0] is None or args[1] is None:
+            return None
+        starts, ends = args[0].reshape(-1), args[1].reshape(-1)
+        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
+        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
+        if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
+            len(args) > 3 and node.inputs[4] is not None and args[3] is None
+        ):
+            return None
+        out = list(shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis = int(axis) % len(shape)
+            d = shape[axis]
+            if d is not None and d.static is not None:
+                out[axis] = Dim(len(range(d.static)[slice(int(start), int(end), int(step))]))
+            elif not (int(start) == 0 and int(end) >= 2**31 - 1 and int(step) == 1):
+                out[axis] = None
+        return tuple(out)
+
     def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
         self._elems[value] = items
         if all(d is not None and d.static is not None for d in items) and items:
@@ -328,6 +357,12 @@ class GraphFacts:
                 result = _broadcast(result, s)
         elif op in SAME_SHAPE and ins and ins[0] is not None:
             result = ins[0]
+        elif op == "Gemm" and len(ins) >= 2 and ins[0] is not None and ins[1] is not None:  # torch 2.1's addmm
+            a, b = ins[0], ins[1]
+            if len(a) == 2 and len(b) == 2:
+                result = (a[1] if _attr(node, "transA", 0) else a[0], b[0] if _attr(node, "transB", 0) else b[1])
+        elif op == "Slice" and ins and ins[0] is not None:
+            result = self._sliced_shape(node, ins[0])
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
+
+if TYPE_CHECKING:
+    from egfuse.facts import GraphFacts
 
 FUNCTION_TAG = "egfuse.function"
 """Node metadata key: the ``domain::name`` of the model-local function a node was inlined from."""
@@ -125,3 +130,71 @@ def softmaxes_in_subgraphs(proto: onnx.ModelProto) -> list[str]:
             if node.op_type == "Softmax":
                 found.append(f"{where}: {node.name or node.output[0]}")
     return found
+
+
+def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
+    """Replace each ``If`` whose condition ``facts`` knows by the branch it takes (``If(true, a, b) = a``).
+
+    torchlib functions of torch 2.1–2.2 wrap ops in ``If(IsScalar(x), Unsqueeze(x), Identity(x))`` (aten_softmax
+    on both sides of the Softmax): with x's rank known the condition is a constant, and the regions must see
+    the branch's plain ops. Returns how many were folded (the caller recomputes ``facts`` then)."""
+    folded = 0
+    for node in list(graph):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        cond = facts.const(node.inputs[0])
+        if cond is None and _is_scalar_test(node.inputs[0], facts) is not None:
+            cond = np.array(False)  # Size(Shape(x)) is x's rank, which is at least one
+        if cond is None or cond.size != 1:
+            continue
+        branch = node.attributes["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"].as_graph()
+        outputs = list(branch.outputs)
+        if len(outputs) != len(node.outputs) or any(v.producer() is None for v in outputs):
+            continue  # a branch returning an outer value as is: left alone
+        other = node.attributes["else_branch" if bool(cond.reshape(-1)[0]) else "then_branch"].as_graph()
+        for dropped in list(other.all_nodes()):  # its nodes read outer values: they must not count as readers
+            for i in range(len(dropped.inputs)):
+                dropped.replace_input_with(i, None)
+        nodes = list(branch)
+        branch.outputs.clear()  # its output values become the If's: one graph may own them
+        branch.remove(nodes, safe=False)
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=nodes,
+            old_values=node.outputs,
+            new_values=outputs,
+        )
+        folded += 1
+    return folded
+
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Identity", "Cast", "CastLike", "Neg", "Sqrt"})
+
+
+def _is_scalar_test(value: ir.Value, facts: GraphFacts) -> ir.Value | None:
+    """The x of ``Equal(Size(Shape(x)), 0)`` (torchlib's IsScalar) when x provably has rank ≥ 1, else None."""
+    equal = value.producer()
+    if equal is None or equal.op_type != "Equal" or facts.scalar(equal.inputs[1]) != 0:
+        return None
+    size = equal.inputs[0].producer()
+    shape = size.inputs[0].producer() if size is not None and size.op_type == "Size" else None
+    if shape is None or shape.op_type != "Shape" or shape.attributes.get("start") or shape.attributes.get("end"):
+        return None
+    x = shape.inputs[0]
+    return x if _rank_at_least(x, facts) >= 1 else None
+
+
+def _rank_at_least(value: ir.Value | None, facts: GraphFacts, depth: int = 8) -> int:
+    """A lower bound of ``value``'s rank: its known rank, or through elementwise ops (broadcasting never lowers
+    a rank) the largest bound of their inputs."""
+    if value is None:
+        return 0
+    rank = facts.rank(value)
+    if rank is not None:
+        return rank
+    node = value.producer()
+    if node is None or depth == 0 or node.op_type not in _ELEMENTWISE:
+        return 0
+    return max((_rank_at_least(v, facts, depth - 1) for v in node.inputs), default=0)

@@ -152,9 +152,9 @@ def _softmax_in_if_body() -> onnx.ModelProto:
                              [helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [2, 3])])  # fmt: skip
     other = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "else", [],
                               [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [2, 3])])  # fmt: skip
-    cond = helper.make_tensor("cond", onnx.TensorProto.BOOL, [], [True])
+    cond = helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])  # known only at run time
     node = helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch")
-    graph = helper.make_graph([node], "g", [x], [y], [cond])
+    graph = helper.make_graph([node], "g", [x, cond], [y])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -171,6 +171,17 @@ def test_softmax_no_region_covers_is_reported_loudly(tmp_path, capsys):
     )
     assert "egfuse: note: 1 softmax node was not examined" in capsys.readouterr().err
     assert json.loads((tmp_path / "r.json").read_text())["loud_note"].startswith("1 softmax node")
+
+
+def test_an_if_on_a_known_condition_is_its_branch(target):
+    """torch 2.1's torchlib wraps ops in If(IsScalar(x), …): with the condition known the branch's ops are the
+    graph's, and a softmax in it is examined like any other."""
+    model = _softmax_in_if_body()
+    model.graph.input.pop()
+    model.graph.initializer.append(helper.make_tensor("cond", onnx.TensorProto.BOOL, [], [True]))
+    result = egfuse.fuse(model, target=target)
+    assert result.report.unexamined == [] and len(result.report.regions) == 1
+    assert result.model.SerializeToString() == model.SerializeToString()  # nothing fused: returned as it came
 
 
 def test_model_without_softmax_says_so():
