@@ -112,6 +112,24 @@ SAME_SHAPE = frozenset({
 })  # fmt: skip
 
 
+# Elementwise ops with numpy broadcasting: their output shape is their inputs' broadcast (comparisons and
+# logic included: causal masks are built from Less/Greater of aranges).
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Where", "Pow", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal",
+    "And", "Or", "Xor", "Max", "Min",
+})  # fmt: skip
+
+
+def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
+    if a is None or b is None:
+        return None
+    if b.static == 0:
+        return a
+    if a.static is not None and b.static is not None:
+        return Dim(a.static - b.static if subtract else a.static + b.static)
+    return b if a.static == 0 and not subtract else None
+
+
 def _uniform(array: np.ndarray | None) -> float | None:
     """The one value of a constant whose elements are all equal."""
     if array is None or array.size == 0 or not np.all(array == array.reshape(-1)[0]):
@@ -284,6 +302,12 @@ class GraphFacts:
                 b = b * len(flags) if len(b) == 1 else b
                 if len(a) == len(b) == len(flags):
                     self._set_elems(out, tuple(p if f else q for f, p, q in zip(flags, a, b, strict=True)))
+        elif op in ("Add", "Sub") and all(self.elems(v) is not None for v in node.inputs):
+            a, b = (self.elems(v) for v in node.inputs)
+            b = b * len(a) if len(b) == 1 else b
+            summed = tuple(_add(p, q, op == "Sub") for p, q in zip(a, b, strict=True)) if len(a) == len(b) else ()
+            if summed and None not in summed:  # monomials add only with a zero (a cache length of 0) or as numbers
+                self._set_elems(out, summed)
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
             if len(b) == 1:
@@ -351,7 +375,7 @@ class GraphFacts:
             a, b = ins
             if len(a) >= 2 and len(b) >= 2:
                 result = (*_broadcast(a[:-2], b[:-2]), a[-2], b[-1])
-        elif op in ("Add", "Sub", "Mul", "Div", "Where") and all(s is not None for s in ins):
+        elif op in _BROADCASTING and all(s is not None for s in ins):
             result = ins[0]
             for s in ins[1:]:
                 result = _broadcast(result, s)
