@@ -320,6 +320,21 @@ class GraphFacts:
                 )
         self._infer_shape(node, op, out)
 
+    def _chunk_shape(self, node: ir.Node) -> Shape | None:
+        """``SequenceAt(SplitToSequence(x, n, axis), i)`` where ``n`` divides x's static axis: every chunk has
+        x's shape with ``n`` on that axis."""
+        split = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if split is None or split.op_type != "SplitToSequence" or len(split.inputs) < 2:
+            return None
+        src, size = self.shape(split.inputs[0]), self.scalar(split.inputs[1])
+        if src is None or size is None or not _attr(split, "keepdims", 1):
+            return None
+        axis = _attr(split, "axis", 0) % len(src)
+        whole = src[axis]
+        if whole is None or whole.static is None or size <= 0 or whole.static % int(size):
+            return None
+        return (*src[:axis], Dim(int(size)), *src[axis + 1 :])
+
     def _sliced_shape(self, node: ir.Node, shape: Shape) -> Shape | None:
         """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
         symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
@@ -387,6 +402,8 @@ class GraphFacts:
                 result = (a[1] if _attr(node, "transA", 0) else a[0], b[0] if _attr(node, "transB", 0) else b[1])
         elif op == "Slice" and ins and ins[0] is not None:
             result = self._sliced_shape(node, ins[0])
+        elif op == "SequenceAt":  # torch 2.1's tensor.split(n, dim): SplitToSequence into equal chunks
+            result = self._chunk_shape(node)
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:
