@@ -21,7 +21,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
-from egfuse import diagnose, protos, validate
+from egfuse import diagnose, functions, protos, validate
+from egfuse.dims import integer_text_dims
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
 from egfuse.facts import SAME_SHAPE, GraphFacts
@@ -79,20 +80,101 @@ def fuse(
     chosen = get_target(target)  # fail early on an unknown name
     loaded = load(model)
     budgets = budgets or Budgets()
+    searched = loaded.proto
+    if functions.calls_local_functions(loaded.proto):
+        fused_proto, report, searched = _fuse_through_functions(loaded, chosen, validate, feeds, budgets)
+    else:
+        fused_proto, report = _fuse_loaded(loaded, chosen, validate, feeds, budgets)
+    examined = {r.softmax for r in report.regions}  # If branches on known conditions were folded into the graph
+    report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
+    report.stats["seconds_total"] = time.perf_counter() - start
+    return FuseResult(fused_proto, report, loaded.external_data)
+
+
+def _fuse_through_functions(
+    loaded: LoadedModel, chosen: Target, validate: bool, feeds: dict | None, budgets: Budgets
+) -> tuple[onnx.ModelProto, Report, onnx.ModelProto]:
+    """Fuse a model whose graph calls model-local functions: search the fully inlined model, then inline only
+    the functions that held what fused (and their callers), so every other function stays as written. The
+    partial inlining must fuse as much as the full one did, or the fully inlined result is kept. Returns the
+    result, its report and the model searched (all functions inlined)."""
+    try:
+        full = functions.inline(loaded.proto)
+    except Exception as err:  # onnx-ir refuses cycles, opset clashes, graph-valued attributes: search the graph
+        fused_proto, report = _fuse_loaded(loaded, chosen, validate, feeds, budgets)
+        report.notes.append(f"the model's local functions could not be inlined ({_short(err)}): not searched")
+        return fused_proto, report, loaded.proto
+    fused_proto, report = _fuse_loaded(
+        replace(loaded, proto=full.proto), chosen, validate, feeds, budgets, full.origins
+    )
+    total = len(full.inlined)
+    if not report.changed:
+        report.functions = {"inlined": [], "kept": full.inlined}
+        report.notes.append(
+            f"the model's {total} local functions were inlined to look for attention; nothing fused, so the model "
+            "is returned as it came, functions and all"
+        )
+        return loaded.proto, report, full.proto
+    needed = {label for r in [*report.regions, *report.rotary] if r.status == "fused" for label in r.functions}
+    partial = functions.inline(loaded.proto, only=needed)
+    spared = set(partial.kept) - set(full.kept)  # called functions the partial inlining keeps
+    why_all = "every function holds fused attention or calls one that does"
+    if spared and default_opset(fused_proto) > default_opset(loaded.proto):
+        why_all = "the opset was raised for the standard ops, and onnx's version converter drops functions"
+    elif spared:
+        proto2, report2 = _fuse_loaded(
+            replace(loaded, proto=partial.proto), chosen, validate, feeds, budgets, partial.origins
+        )
+        if _outcome(report2) == _outcome(report):
+            # Regions of the first search that stayed inside kept functions: the second never saw them.
+            for r in report.regions:
+                if r.status != "fused" and r.functions and set(r.functions) <= spared:
+                    r.index = len(report2.regions)
+                    r.notes.append(f"inside function {r.functions[0]}, kept as a function")
+                    report2.regions.append(r)
+            report2.functions = {"inlined": partial.inlined, "kept": sorted(spared)}
+            report2.notes.append(
+                f"{len(partial.inlined)} of the model's {total} local functions were inlined (those holding fused "
+                f"attention and their callers); {len(spared)} kept as functions"
+            )
+            return proto2, report2, full.proto
+        why_all = (
+            "keeping the others as functions did not fuse and validate the same ("
+            + (report2.validation_note or f"fused, validated, rotations: {_outcome(report2)}, not {_outcome(report)}")
+            + ")"
+        )
+    report.functions = {"inlined": full.inlined, "kept": []}
+    report.notes.append(f"all {total} of the model's local functions were inlined: {why_all}")
+    return fused_proto, report, full.proto
+
+
+def _outcome(report: Report) -> tuple:
+    """What a partial inlining must reproduce: as many regions and rotations fused, validated alike."""
+    return report.fused, report.validated, sum(r.status == "fused" for r in report.rotary)
+
+
+def _fuse_loaded(
+    loaded: LoadedModel,
+    chosen: Target,
+    validate: bool,
+    feeds: dict | None,
+    budgets: Budgets,
+    origins: dict[str, str] | None = None,
+) -> tuple[onnx.ModelProto, Report]:
+    """One model through the stages; ``origins`` maps inlined node names to the functions they came from."""
     if not protos.is_large(loaded.proto):
-        fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, None)
+        fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, None, origins)
     else:  # every stage on the graph without its weights; the weights come back into the result alone
         with protos.DetachedWeights(loaded.proto) as weights:
             skeleton = replace(loaded, proto=weights.skeleton)
-            fused_proto, report = _fuse(skeleton, chosen, validate, feeds, budgets, weights)
+            fused_proto, report = _fuse(skeleton, chosen, validate, feeds, budgets, weights, origins)
             fused_proto = weights.restore(fused_proto) if report.changed else loaded.proto
         if weights.lifted and report.changed:
             report.notes.append(
                 f"{weights.lifted} large Constant values are initializers in the result (the same values: only "
                 "initializers can be stored outside a model past protobuf's 2 GB)"
             )
-    report.stats["seconds_total"] = time.perf_counter() - start
-    return FuseResult(fused_proto, report, loaded.external_data)
+    return fused_proto, report
 
 
 def _fuse(
@@ -102,12 +184,15 @@ def _fuse(
     feeds: dict | None,
     budgets: Budgets,
     weights: protos.DetachedWeights | None,
+    origins: dict[str, str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """The stages in order; ``weights`` holds a large model's weights apart from ``loaded``'s skeleton."""
     original = loaded.proto
     prepared, prepare_note = _prepare(loaded, chosen, validate)
     excluded: dict[RegionKey, tuple[str, float]] = {}
-    fuse_once = partial(_fuse_once, budgets=budgets, excluded=excluded, source=loaded.source, weights=weights)
+    fuse_once = partial(
+        _fuse_once, budgets=budgets, excluded=excluded, source=loaded.source, weights=weights, origins=origins
+    )
     fused_proto, report = fuse_once(prepared, chosen)
     opset_note = None
     if _needs_standard_opset(prepared, fused_proto):
@@ -117,7 +202,7 @@ def _fuse(
             prepared = _bump_opset(prepared, STANDARD_ATTENTION_OPSET)
             fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
         else:
-            prepared = infer_shapes(converted) if converted is not None else prepared
+            prepared = infer_shapes(integer_text_dims(converted)) if converted is not None else prepared
             fused_proto, report = fuse_once(prepared, chosen)
     if validate and report.changed:
         t0 = time.perf_counter()
@@ -182,7 +267,7 @@ def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[
                 "the opset import was raised as is and the result checked on onnxruntime"
             )
         proto = converted
-    return infer_shapes(proto), note
+    return infer_shapes(integer_text_dims(proto)), note
 
 
 def _needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
@@ -285,6 +370,7 @@ def _fuse_once(
     excluded: dict[RegionKey, tuple[str, float]],
     source: str,
     weights: protos.DetachedWeights | None,
+    origins: dict[str, str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     target_name = target.name
     model = weights.to_ir(prepared) if weights is not None else ir.serde.deserialize_model(prepared)
@@ -292,8 +378,10 @@ def _fuse_once(
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
     facts = GraphFacts(graph)
+    if functions.fold_constant_ifs(graph, facts):
+        facts = GraphFacts(graph)
     # Rotations first: their outputs become plain values to the attention regions found after them.
-    rotated = _fuse_rotations(graph, facts, target, excluded, report)
+    rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)
     regions = find_regions(graph, facts)
     session = Session()
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
@@ -334,6 +422,7 @@ def _fuse_once(
             "not fused",
             output=region.main_output.name,
             variants=diagnose.variants(region, facts),
+            functions=functions.origin([region.softmax, *region.nodes], origins),
         )
         report.regions.append(entry)
         main = class_of.get(region.main_output)
@@ -405,13 +494,19 @@ RegionKey = int | tuple[str, int]
 
 
 def _fuse_rotations(
-    graph: ir.Graph, facts: GraphFacts, target: Target, excluded: dict[RegionKey, tuple[str, float]], report: Report
+    graph: ir.Graph,
+    facts: GraphFacts,
+    target: Target,
+    excluded: dict[RegionKey, tuple[str, float]],
+    report: Report,
+    origins: dict[str, str] | None = None,
 ) -> bool:
     """Write each proven RoPE as one ``RotaryEmbedding``; the report says what became of each."""
     writer, unavailable, rotated = RotaryWriter(graph, facts), target.rotary_embedding(), False
     for candidate in find_rotations(graph, facts):
         rotation = candidate.rotation
         entry = RotaryReport(candidate.index, candidate.output_name, "not fused", reason=candidate.reason)
+        entry.functions = functions.origin([candidate.anchor], origins)
         report.rotary.append(entry)
         if rotation is None:
             continue

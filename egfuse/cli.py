@@ -62,6 +62,9 @@ def _optimize(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.report)
         print(f"wrote {args.output}" + (f" and {args.report}" if args.report else ""))
+    loud = result.report.loud_note()
+    if loud:  # also on stderr, and even with --quiet: a silent "unchanged" is the failure users complain about
+        print(f"egfuse: note: {loud}", file=sys.stderr)
     return 0 if result.report.validated is not False else 1
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
-from egfuse.regions import Region
+from egfuse.regions import VOCABULARY, Region
 from egfuse.session import EClass, ENode
 
 _PASS_THROUGH = ("Transpose", "Reshape", "Mul", "Div", "Cast")
@@ -103,24 +103,34 @@ def why_not(
     if "softmax" not in ops(softmax.outputs[0]):
         axis = softmax.attributes.get("axis")
         return f"softmax is not over the last axis (axis={axis.value if axis else 'default'})"
+    members = set(region.nodes)
     matmuls = [n for n in region.nodes if n.op_type in ("MatMul", "Einsum") and n.inputs[0] is not None]
     pv = next((n for n in matmuls if any(_feeds_from(v, softmax) for v in n.inputs if v is not None)), None)
     if pv is None:
         quantized = _quantized(softmax)
         if quantized is not None:
             return quantized
-        return "the softmax output is not multiplied by V (no MatMul consumes it)"
+        return "the softmax output is not multiplied by V (no MatMul consumes it)" + _where_forward_stops(
+            softmax, members
+        )
     probabilities = softmax.outputs[0]
     users = [use.node for use in probabilities.uses()]
     if len(users) == 1 and users[0].op_type == "Cast":  # a half-precision model's float32 softmax, cast back
         probabilities = users[0].outputs[0]
     if "probs" not in ops(probabilities):
+        stop = _first_unrecognised(softmax.inputs[0], members, ops)
         if "scores" not in ops(softmax.inputs[0]) and "add" not in ops(softmax.inputs[0]):
-            return "softmax input is not recognised as scale·Q·Kᵀ (+ mask): K layout, scale or Q rank not understood"
-        return "softmax input is not scale·Q·Kᵀ plus an additive or select mask"
+            return (
+                "softmax input is not recognised as scale·Q·Kᵀ (+ mask): K layout, scale or Q rank not understood"
+                + stop
+            )
+        return "softmax input is not scale·Q·Kᵀ plus an additive or select mask" + stop
     found = ops(pv.outputs[0])
     if not found & {"attend", "attend_z", "mha", "gqa"}:
-        return "probabilities @ V not recognised (V is not a rank-4 (B, N, S, H) tensor)"
+        value = next((v for v in pv.inputs if v is not None and not _feeds_from(v, softmax)), None)
+        return "probabilities @ V not recognised (V is not a rank-4 (B, N, S, H) tensor)" + _first_unrecognised(
+            value, members, ops
+        )
     cid = class_of.get(pv.outputs[0])
     capped = any(n.op in ("attend", "attend_z") and float(n.args[5]) != 0.0 for n in classes.get(cid, []))
     what = "soft-capped attention" if capped else "attention"
@@ -150,10 +160,80 @@ def _quantized(softmax: ir.Node) -> str | None:
 
 def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:
     node = value.producer()
-    for _ in range(4):
+    for _ in range(8):  # as far as regions look forward (guards, casts, clone, Dropout, Expand → Reshape)
         if node is None:
             return False
         if node is softmax:
             return True
         node = next((v.producer() for v in node.inputs if v is not None and v.producer() is not None), None)
     return False
+
+
+# Ops whose e-class holding nothing but these means the lowering gave the node no meaning the rules can use.
+_OPAQUE = frozenset({"value", "ref", "reshape"})
+
+
+_SHAPED_BY_SECOND = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice", "Tile"})
+"""Ops whose inputs after the first are shapes, axes or indices: bookkeeping, not the data recognition follows."""
+
+
+def _is_bookkeeping(value: ir.Value) -> bool:
+    """An integer or boolean tensor (a shape, an index, a mask condition is not followed: its Where is the step)."""
+    return value.dtype is not None and (value.dtype.is_integer() or value.dtype == ir.DataType.BOOL)
+
+
+def _describe(node: ir.Node) -> str:
+    shapes = [str(v.shape) if v is not None and v.shape is not None else "?" for v in node.inputs[:1]]
+    out = str(node.outputs[0].shape) if node.outputs and node.outputs[0].shape is not None else "?"
+    return f"{node.op_type} {node.name or node.outputs[0].name!r} ({shapes[0] if shapes else '?'} → {out})"
+
+
+def _first_unrecognised(value: ir.Value | None, members: set[ir.Node], ops) -> str:
+    """``"; recognition stopped at …"``: the region node nearest ``value`` (searching back through data
+    inputs) whose result the lowering could not read as anything but an opaque value or a Reshape with no
+    layout meaning — the step the rules never got past, like onnxscript's ``MatchResult.fail``. Empty when
+    every step was understood (then the algebra, not a node, is what is missing)."""
+    seen: set[ir.Node] = set()
+    frontier = [value]
+    outside: list[ir.Node] = []  # producers beyond the region the walk reached, nearest first
+    while frontier:
+        v = frontier.pop(0)
+        node = _producer(v, members)
+        if node is None and v is not None and v.producer() is not None:
+            outside.append(v.producer())
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        known = ops(node.outputs[0])
+        if not known:  # constant bookkeeping, never lowered: a leaf to its users
+            continue
+        if not known - _OPAQUE:
+            why = "a Reshape with no layout meaning" if "reshape" in known else "an op form the rules do not read"
+            return f"; recognition stopped at {_describe(node)}: {why}"
+        data = node.inputs[:1] if node.op_type in _SHAPED_BY_SECOND else node.inputs
+        frontier.extend(i for i in data if i is not None and not _is_bookkeeping(i))
+    strange = [n for n in outside if n.op_type not in VOCABULARY and n.op_type not in ("Constant", "Shape")]
+    if strange:
+        return f"; recognition stopped at {_describe(strange[0])}: an op outside those the rules reason about"
+    return ""
+
+
+def _where_forward_stops(softmax: ir.Node, members: set[ir.Node]) -> str:
+    """``"; it goes to …"``: the first node after the softmax (through the region's guards) that is not part
+    of the region — the step between the probabilities and ``·V`` that was not understood."""
+    value = softmax.outputs[0]
+    for _ in range(8):
+        users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
+        outside = [n for n in users if n not in members]
+        if outside:
+            node = outside[0]
+            why = ""
+            if node.op_type == "Dropout":
+                why = ": a Dropout whose training_mode is not a constant false, or whose mask is read"
+            elif node.op_type == "Expand":
+                why = ": an Expand that broadcasts"
+            return f"; the probabilities go to {_describe(node)}{why}"
+        if not users:
+            return "; the probabilities are not used"
+        value = users[0].outputs[0]
+    return ""

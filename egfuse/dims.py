@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import onnx
 import onnx_ir as ir
 
 
@@ -118,3 +119,29 @@ def reshape_result(in_shape: Shape | None, spec: tuple[Dim | int | None, ...], a
         if total is not None and known is not None:
             out[minus_one_at] = total.div(known)
     return tuple(out)
+
+
+def integer_text_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with every dim written as text of digits (``'32'``: torch 2.1–2.4's dynamo exporter names fixed
+    sizes so) written as the integer it is — a copy, or ``proto`` itself when it has none. ONNX shape inference
+    takes ``'3'`` for a symbol: ``'3' + 5`` along a Concat becomes an unknown it invents, where 8 is known."""
+
+    def infos(graph: onnx.GraphProto):
+        yield from (*graph.input, *graph.output, *graph.value_info)
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                    yield from infos(sub)
+
+    def text_dims(model: onnx.ModelProto):
+        for info in infos(model.graph):
+            if info.type.HasField("tensor_type"):
+                yield from (d for d in info.type.tensor_type.shape.dim if d.dim_param.strip().isdigit())
+
+    if next(text_dims(proto), None) is None:
+        return proto
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(proto)
+    for d in list(text_dims(fixed)):
+        d.dim_value = int(d.dim_param)  # setting the value clears the oneof's text
+    return fixed

@@ -79,6 +79,7 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Sqrt": lambda n, x: np.sqrt(x[0]),
     "Reciprocal": lambda n, x: (1 / x[0]).astype(x[0].dtype),
     "Neg": lambda n, x: -x[0],
+    "Abs": lambda n, x: np.abs(x[0]),
     "Add": lambda n, x: x[0] + x[1],
     "Sub": lambda n, x: x[0] - x[1],
     "Mul": lambda n, x: x[0] * x[1],
@@ -109,6 +110,24 @@ SAME_SHAPE = frozenset({
     "Sigmoid", "Exp", "Log", "Abs", "Dropout", "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
 })  # fmt: skip
+
+
+# Elementwise ops with numpy broadcasting: their output shape is their inputs' broadcast (comparisons and
+# logic included: causal masks are built from Less/Greater of aranges).
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Where", "Pow", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal",
+    "And", "Or", "Xor", "Max", "Min",
+})  # fmt: skip
+
+
+def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
+    if a is None or b is None:
+        return None
+    if b.static == 0:
+        return a
+    if a.static is not None and b.static is not None:
+        return Dim(a.static - b.static if subtract else a.static + b.static)
+    return b if a.static == 0 and not subtract else None
 
 
 def _uniform(array: np.ndarray | None) -> float | None:
@@ -248,6 +267,11 @@ class GraphFacts:
                 start = _attr(node, "start", 0)
                 end = _attr(node, "end", None)
                 self._set_elems(out, tuple(shape[start:end]))
+        elif op == "Abs" and self.elems(x) is not None:  # torchlib's aten_expand: Abs(shape), -1 → 1 (keep)
+            self._set_elems(out, tuple(None if d is None else d if d.syms else Dim(abs(d.coef)) for d in self.elems(x)))
+        elif op == "Size" and self.elems(x) is not None:  # of a shape vector: the rank (torchlib's IsScalar)
+            self._set_const(out, np.array(len(self.elems(x)), np.int64))
+            return
         elif op in ("Identity", "Cast", "CastLike", "Squeeze", "Unsqueeze") and self.elems(x) is not None:
             self._set_elems(out, self.elems(x))
         elif op == "Reshape" and self.elems(x) is not None and self.const(node.inputs[1]) is not None:
@@ -278,6 +302,12 @@ class GraphFacts:
                 b = b * len(flags) if len(b) == 1 else b
                 if len(a) == len(b) == len(flags):
                     self._set_elems(out, tuple(p if f else q for f, p, q in zip(flags, a, b, strict=True)))
+        elif op in ("Add", "Sub") and all(self.elems(v) is not None for v in node.inputs):
+            a, b = (self.elems(v) for v in node.inputs)
+            b = b * len(a) if len(b) == 1 else b
+            summed = tuple(_add(p, q, op == "Sub") for p, q in zip(a, b, strict=True)) if len(a) == len(b) else ()
+            if summed and None not in summed:  # monomials add only with a zero (a cache length of 0) or as numbers
+                self._set_elems(out, summed)
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
             if len(b) == 1:
@@ -289,6 +319,44 @@ class GraphFacts:
                     tuple(None if p is None or q is None else combine(p, q) for p, q in zip(a, b, strict=True)),
                 )
         self._infer_shape(node, op, out)
+
+    def _chunk_shape(self, node: ir.Node) -> Shape | None:
+        """``SequenceAt(SplitToSequence(x, n, axis), i)`` where ``n`` divides x's static axis: every chunk has
+        x's shape with ``n`` on that axis."""
+        split = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if split is None or split.op_type != "SplitToSequence" or len(split.inputs) < 2:
+            return None
+        src, size = self.shape(split.inputs[0]), self.scalar(split.inputs[1])
+        if src is None or size is None or not _attr(split, "keepdims", 1):
+            return None
+        axis = _attr(split, "axis", 0) % len(src)
+        whole = src[axis]
+        if whole is None or whole.static is None or size <= 0 or whole.static % int(size):
+            return None
+        return (*src[:axis], Dim(int(size)), *src[axis + 1 :])
+
+    def _sliced_shape(self, node: ir.Node, shape: Shape) -> Shape | None:
+        """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
+        symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
+        args = [self.const(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(args) < 2 or args[0] is None or args[1] is None:
+            return None
+        starts, ends = args[0].reshape(-1), args[1].reshape(-1)
+        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
+        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
+        if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
+            len(args) > 3 and node.inputs[4] is not None and args[3] is None
+        ):
+            return None
+        out = list(shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis = int(axis) % len(shape)
+            d = shape[axis]
+            if d is not None and d.static is not None:
+                out[axis] = Dim(len(range(d.static)[slice(int(start), int(end), int(step))]))
+            elif not (int(start) == 0 and int(end) >= 2**31 - 1 and int(step) == 1):
+                out[axis] = None
+        return tuple(out)
 
     def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
         self._elems[value] = items
@@ -322,12 +390,20 @@ class GraphFacts:
             a, b = ins
             if len(a) >= 2 and len(b) >= 2:
                 result = (*_broadcast(a[:-2], b[:-2]), a[-2], b[-1])
-        elif op in ("Add", "Sub", "Mul", "Div", "Where") and all(s is not None for s in ins):
+        elif op in _BROADCASTING and all(s is not None for s in ins):
             result = ins[0]
             for s in ins[1:]:
                 result = _broadcast(result, s)
         elif op in SAME_SHAPE and ins and ins[0] is not None:
             result = ins[0]
+        elif op == "Gemm" and len(ins) >= 2 and ins[0] is not None and ins[1] is not None:  # torch 2.1's addmm
+            a, b = ins[0], ins[1]
+            if len(a) == 2 and len(b) == 2:
+                result = (a[1] if _attr(node, "transA", 0) else a[0], b[0] if _attr(node, "transB", 0) else b[1])
+        elif op == "Slice" and ins and ins[0] is not None:
+            result = self._sliced_shape(node, ins[0])
+        elif op == "SequenceAt":  # torch 2.1's tensor.split(n, dim): SplitToSequence into equal chunks
+            result = self._chunk_shape(node)
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:

@@ -147,7 +147,11 @@ class Lowerer:
         if op == "Where":
             return self._call("where", *args[:3])
         if op == "Dropout":
-            return args[0] if is_inference_dropout(node) else None
+            return args[0] if is_inference_dropout(node, self.facts) else None
+        if op == "Expand":
+            return self._expand(node, args[0])
+        if op == "Identity":
+            return args[0]
         if op in ("IsNaN", "Sqrt", "Tanh"):
             return self._call(op.lower(), args[0])
         if op == "Cast":
@@ -267,6 +271,14 @@ class Lowerer:
             return None
         return self._call("repeat_heads", self._arg(x, self._inside), _q(times.static))
 
+    def _expand(self, node: ir.Node, arg: str) -> str | None:
+        """An Expand to the shape its input already has is the identity (dynamo's batched MatMul writes one
+        before each 3D reshape); one that broadcasts stays opaque (repeat_kv reads it through its Reshape)."""
+        src, dst = self.facts.shape(node.inputs[0]), self.facts.shape(node.outputs[0])
+        if src is None or dst is None or None in src or src != dst:
+            return None
+        return arg
+
     def _is_constant(self, value: ir.Value | None) -> bool:
         return value is not None and (self.facts.const(value) is not None or value.const_value is not None)
 
@@ -333,4 +345,4 @@ def _mul(a: Dim | None, b: Dim | None) -> Dim | None:
 
 
 def _required_inputs(op: str) -> int:
-    return {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2}.get(op, 1)
+    return {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Expand": 2}.get(op, 1)

@@ -22,11 +22,13 @@ VOCABULARY = frozenset({
     "Einsum",  # tf2onnx writes projections and attention as Einsum
     "Max",  # OPT's clamp of the masked scores at finfo.min
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
+    "Identity",  # torch's clone() in old dynamo exports
 })  # fmt: skip
-# Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout)
-_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout"})
+# Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
+# Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone()
+_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout", "Expand", "Identity"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
-_MAX_BACKWARD_DEPTH = 12
+_MAX_BACKWARD_DEPTH = 16  # dynamo 2.1–2.4 adds Expand → Reshape before each MatMul; softcap, casts, repeat_kv add more
 
 
 @dataclass
@@ -49,26 +51,40 @@ def single_consumer(value: ir.Value) -> ir.Node | None:
     return next(iter(users))
 
 
-def is_inference_dropout(node: ir.Node) -> bool:
-    """A Dropout that passes its input through: no ``training_mode`` input (or a constant false one) and no
-    reader of its mask output. Exporters leave these behind with ratio 0 or in eval mode."""
-    if node.op_type != "Dropout":
+def is_inference_dropout(node: ir.Node, facts: GraphFacts | None = None) -> bool:
+    """A Dropout that passes its input through: no ``training_mode`` input (or a constant false one: an
+    initializer, a ``Constant`` node — what functions hold after inlining — or a value ``facts`` computed)
+    and no reader of its mask output. Exporters leave these behind with ratio 0 or in eval mode; the ratio
+    input does not matter then."""
+    if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
         return False
     training = node.inputs[2] if len(node.inputs) > 2 else None
-    if training is not None and (training.const_value is None or bool(training.const_value.numpy().any())):
-        return False
+    if training is not None:
+        flag = _constant(training, facts)
+        if flag is None or bool(flag.any()):
+            return False
     return len(node.outputs) < 2 or not (node.outputs[1].uses() or node.outputs[1].is_graph_output())
+
+
+def _constant(value: ir.Value, facts: GraphFacts | None):
+    """``value``'s constant array, from the value itself, its ``Constant`` producer or ``facts``."""
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    node = value.producer()
+    if node is not None and node.op_type == "Constant" and "value" in node.attributes:
+        return node.attributes["value"].value.numpy()
+    return facts.const(value) if facts is not None else None
 
 
 def _is_weight(value: ir.Value | None) -> bool:
     return value is not None and value.const_value is not None and value.producer() is None
 
 
-def _forward(softmax: ir.Node) -> list[ir.Node]:
+def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]:
     """Softmax → (guard / cast)* → MatMul(·, V) → (Transpose / Reshape)*."""
     chain: list[ir.Node] = []
     value = softmax.outputs[0]
-    for _ in range(4):
+    for _ in range(8):
         # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping).
         users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
         matmuls = [n for n in users if n.op_type in ("MatMul", "Einsum") and value in n.inputs]
@@ -77,7 +93,9 @@ def _forward(softmax: ir.Node) -> list[ir.Node]:
             break
         # The IsNaN guard reads the probabilities twice (IsNaN(p) and Where(…, p)).
         guards = [
-            n for n in users if n.op_type in _FORWARD_GUARDS and (n.op_type != "Dropout" or is_inference_dropout(n))
+            n
+            for n in users
+            if n.op_type in _FORWARD_GUARDS and (n.op_type != "Dropout" or is_inference_dropout(n, facts))
         ]
         wheres = [n for n in guards if n.op_type == "Where"]
         if len(guards) != len(users) or not guards:
@@ -128,7 +146,7 @@ def find_regions(graph: ir.Graph, facts: GraphFacts) -> list[Region]:
     for node in graph:
         if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
             continue
-        forward = _forward(node)
+        forward = _forward(node, facts)
         starts = [node.inputs[0]]
         for n in forward:
             starts.extend(v for v in n.inputs if v is not None and v.producer() not in forward)

@@ -17,6 +17,7 @@ class RegionReport:
     reason: str | None = None  # why not fused / why rolled back
     max_abs_diff: float | None = None
     notes: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)  # model-local functions its nodes were inlined from
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RotaryReport:
     fused_into: str | None = None
     reason: str | None = None
     max_abs_diff: float | None = None
+    functions: list[str] = field(default_factory=list)  # model-local functions its nodes were inlined from
 
 
 @dataclass
@@ -45,6 +47,8 @@ class Report:
     max_abs_diff: float | None = None  # over the graph outputs
     stats: dict[str, float | int | str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # target-wide caveats worth knowing
+    functions: dict[str, list[str]] = field(default_factory=dict)  # model-local functions "inlined" / "kept"
+    unexamined: list[str] = field(default_factory=list)  # Softmax nodes no region covered: "where: node"
 
     @property
     def fused(self) -> int:
@@ -62,10 +66,25 @@ class Report:
                 counts[r.fused_into] = counts.get(r.fused_into, 0) + 1
         return counts
 
+    def loud_note(self) -> str | None:
+        """What a reader of "0/0 … unchanged" must not miss: Softmax nodes no region covered (in If/Loop
+        bodies, or in functions that could not be inlined), or a model with no Softmax at all."""
+        if self.unexamined:
+            count = len(self.unexamined)
+            shown = "; ".join(self.unexamined[:3]) + (f"; … {count - 3} more" if count > 3 else "")
+            return (
+                f"{count} softmax node{'s were' if count != 1 else ' was'} not examined "
+                f"(inside control-flow bodies or functions egfuse did not inline, where no region can reach): {shown}"
+            )
+        if not self.regions:
+            return "no Softmax node in the model's graph: nothing was recognised as attention, the model is unchanged"
+        return None
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["fused"] = self.fused
         d["attention_regions"] = len(self.regions)
+        d["loud_note"] = self.loud_note()
         return d
 
     def to_json(self, indent: int = 2) -> str:
@@ -90,6 +109,9 @@ class Report:
         if self.validation_note:
             lines.append(f"  note: {self.validation_note}")
         lines.extend(f"  note: {n}" for n in self.notes)
+        loud = self.loud_note()
+        if loud:
+            lines.append(f"  NOTE: {loud}")
         if self.regions:
             lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<34} details")
         for r in self.regions:

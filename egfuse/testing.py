@@ -35,6 +35,12 @@ position bias (WavLM's gated relative position bias)."""
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
+MATMULS = ("plain", "batched_3d")
+"""How the two attention MatMuls are written: one 4D MatMul, or as torch 2.1–2.4's dynamo exporter decomposes
+it: ``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·)."""
+DROPOUTS = ("none", "plain", "ratio", "training_false")
+"""An inference Dropout between the softmax and ``·V``: no extra input, a ratio input (and the unused mask
+output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout."""
 ROPE_TABLES = ("inputs", "positions")
 """Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
 must stay as it is) or computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable)."""
@@ -76,6 +82,9 @@ class Variant:
     clamp: bool = False  # OPT: max(masked scores, finfo.min) before the softmax
     query_bias: str = "none"  # see QUERY_BIASES
     qdq: str = "none"  # see QDQ
+    matmul: str = "plain"  # see MATMULS
+    dropout: str = "none"  # see DROPOUTS
+    text_dims: bool = False  # fixed sizes of graph inputs named as text dims ('16'), as old dynamo exports do
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -102,6 +111,8 @@ class Variant:
             self.query_bias != "none" or self.causal in ("buffer_where", "buffer_local")
         ):
             raise ValueError("query-dependent biases and the causal buffer are built on split heads' MatMul scores")
+        if self.matmul != "plain" and (self.heads_layout != "split" or self.einsum or self.query_bias != "none"):
+            raise ValueError("the batched-MatMul decomposition is of split heads' 4D MatMuls")
         if self.heads_layout == "single" and self.heads != 1:
             raise ValueError("single-head attention has one head")
 
@@ -278,7 +289,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.query_bias != "none":  # split heads only (see _compatible)
         s = _query_biased_scores(b, v, q, kt, inputs, seq, kv_seq, np_type)
     elif not v.einsum:
-        s = b.op("MatMul", [q_in, kt])
+        s = _matmul(b, v, q_in, kt)
     else:
         s = b.op("Einsum", [q_in, kt], equation=_EINSUM_SCORES["bsnh" if bsnh_einsum else layout])
 
@@ -367,6 +378,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         p = b.op("Cast", [p], to=onnx_type)
     if v.guard:
         p = b.op("Where", [b.op("IsNaN", [p]), scalar(0.0, "zero"), p])
+    p = _dropout(b, v, p)
     if v.qdq == "probs":
         p = quantized(p, 1.0 / 127)
     if bsnh_einsum:  # bnij,bjnd->bind: the context comes out as (B, S, N, H)
@@ -383,12 +395,17 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         o = b.op("Transpose", [o], perm=[0, 2, 1])
     else:
         v_in = _fold(b, v_) if folded else v_
-        o = b.op("Einsum", [p, v_in], equation=_EINSUM_CONTEXT[layout]) if v.einsum else b.op("MatMul", [p, v_in])
+        o = b.op("Einsum", [p, v_in], equation=_EINSUM_CONTEXT[layout]) if v.einsum else _matmul(b, v, p, v_in)
         if folded:
             o = _unfold(b, o, q)
         o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
         o = b.op("Reshape", [o, b.const(np.array([0, 0, hidden], np.int64), "shape")])
     b.nodes.append(helper.make_node("Identity", [o], ["y"], name="n_output"))
+    if v.text_dims:
+        for info in inputs:
+            for d in info.type.tensor_type.shape.dim:
+                if d.HasField("dim_value"):
+                    d.dim_param = str(d.dim_value)
     graph = helper.make_graph(b.nodes, "attention", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="egfuse.testing")
     model.ir_version = 8
@@ -447,6 +464,79 @@ def _query_biased_scores(
         gate = b.op("Sigmoid", [b.op("MatMul", [q, b.const(b.rng.standard_normal((hd, 1)).astype(np_type), "w_gate")])])
         s = b.op("Add", [s, b.comm("Mul", gate, "gated_bias")])
     return s
+
+
+def _matmul(b: _Builder, v: Variant, x: str, y: str) -> str:
+    """``x @ y`` on (B, N, ·, ·) operands, plain or decomposed as torch 2.1–2.4's dynamo exporter writes it."""
+    if v.matmul == "plain":
+        return b.op("MatMul", [x, y])
+
+    def part(shape: str, start: int, stop: int) -> str:
+        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
+
+    folded = []
+    for t in (x, y):
+        shape = b.op("Shape", [t])
+        wide = b.op("Expand", [t, shape])  # broadcasts the batch dims; here they already agree
+        target = b.op("Concat", [b.const(np.array([-1], np.int64)), part(shape, 2, 4)], axis=0)
+        folded.append(b.op("Reshape", [wide, target]))
+    product = b.op("MatMul", folded)
+    target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), part(b.op("Shape", [product]), 1, 3)], axis=0)
+    return b.op("Reshape", [product, target])
+
+
+def _dropout(b: _Builder, v: Variant, p: str) -> str:
+    """Eval-mode dropout on the probabilities, in the variant's spelling (see DROPOUTS)."""
+    if v.dropout == "none":
+        return p
+    if v.dropout == "plain":
+        return b.op("Dropout", [p])
+
+    def constant(array: np.ndarray) -> str:
+        out = b.name("constant")
+        b.nodes.append(helper.make_node("Constant", [], [out], value=numpy_helper.from_array(array)))
+        return out
+
+    ratio = np.array(0.1, np.float32)  # its own type parameter: float32 in half-precision models too
+    if v.dropout == "ratio":
+        out, mask = b.name("dropout"), b.name("dropout_mask")
+        b.nodes.append(helper.make_node("Dropout", [p, b.const(ratio, "ratio")], [out, mask]))
+        return out
+    return b.op("Dropout", [p, constant(ratio), constant(np.array(False))])
+
+
+def in_functions(model: onnx.ModelProto, depth: int = 2, domain: str = "pkg.egfuse.testing") -> onnx.ModelProto:
+    """``model`` as torch 2.1–2.4's dynamo exporter writes modules: the main graph one call of a model-local
+    function, which calls the next, ``depth`` deep, the innermost holding every node. Weights stay initializers
+    of the main graph, passed down as inputs; small constants become ``Constant`` nodes inside the body."""
+    graph = model.graph
+    weights = [t for t in graph.initializer if t.dims and int(np.prod(t.dims)) > 1]
+    small = [t for t in graph.initializer if not (t.dims and int(np.prod(t.dims)) > 1)]
+    ins = [i.name for i in graph.input] + [t.name for t in weights]
+    outs = [o.name for o in graph.output]
+    body = [helper.make_node("Constant", [], [t.name], value=t) for t in small] + list(graph.node)
+    opsets = [helper.make_opsetid("", default_opset_of(model))]
+    functions = []
+    callee = None
+    for level in range(depth):
+        name = f"Block_{level}"
+        nodes = body if callee is None else [helper.make_node(callee, ins, outs, domain=domain, name=f"call_{callee}")]
+        functions.append(
+            helper.make_function(domain, name, ins, outs, nodes, [*opsets, helper.make_opsetid(domain, 1)])
+        )
+        callee = name
+    call = helper.make_node(callee, ins, outs, domain=domain, name=f"call_{callee}")
+    main = helper.make_graph([call], graph.name, list(graph.input), list(graph.output), weights)
+    wrapped = helper.make_model(
+        main, opset_imports=[*opsets, helper.make_opsetid(domain, 1)], producer_name=model.producer_name
+    )
+    wrapped.functions.extend(functions)
+    wrapped.ir_version = model.ir_version
+    return wrapped
+
+
+def default_opset_of(model: onnx.ModelProto) -> int:
+    return next(e.version for e in model.opset_import if e.domain in ("", "ai.onnx"))
 
 
 def _causal(b: _Builder, v: Variant, s: str, x: str, np_type: np.dtype, past: str | None) -> str:
@@ -584,7 +674,14 @@ def feeds_for(
     feeds: dict[str, np.ndarray] = {}
     for inp in model.graph.input:
         tensor_type = inp.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else sizes[d.dim_param] for d in tensor_type.shape.dim]
+        dims = [
+            d.dim_value
+            if d.HasField("dim_value")
+            else int(d.dim_param)
+            if d.dim_param.isdigit()
+            else sizes[d.dim_param]
+            for d in tensor_type.shape.dim
+        ]
         dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         if tensor_type.elem_type == TensorProto.INT64:  # 1 = attend, 0 = padding
             m = np.ones(dims, np.int64)
@@ -642,6 +739,8 @@ def _compatible(choices: dict) -> dict:
             c["causal"] = "trilu"
     if c.get("dtype", "float32") != "float32":
         c["qdq"] = "none"
+    if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":
+        c["matmul"] = "plain"  # the decomposition is of split heads' 4D MatMuls
     return c
 
 
@@ -678,6 +777,9 @@ def variants():  # pragma: no cover - exercised by the property tests
             "clamp": st.booleans(),
             "query_bias": st.sampled_from(QUERY_BIASES),
             "qdq": st.sampled_from(QDQ[:2]),
+            "matmul": st.sampled_from(MATMULS),
+            "dropout": st.sampled_from(DROPOUTS),
+            "text_dims": st.booleans(),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -686,10 +788,12 @@ def variants():  # pragma: no cover - exercised by the property tests
 
 __all__ = [
     "CAUSAL",
+    "DROPOUTS",
     "DTYPES",
     "HEAD_LAYOUTS",
     "K_LAYOUTS",
     "MASKS",
+    "MATMULS",
     "QDQ",
     "QUERY_BIASES",
     "ROPE_TABLES",
@@ -699,6 +803,7 @@ __all__ = [
     "Variant",
     "attention_model",
     "feeds_for",
+    "in_functions",
     "replace",
     "variants",
 ]

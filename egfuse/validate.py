@@ -41,6 +41,8 @@ class Comparison:
 
 
 def bind_dim(name: str, sizes: dict[str, int]) -> int:
+    if name.strip().isdigit():  # a fixed size written as a text dim ('32', old dynamo exports): that size
+        return int(name)
     if name in sizes:
         return sizes[name]
     lowered = name.lower()

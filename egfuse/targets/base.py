@@ -15,12 +15,13 @@ if TYPE_CHECKING:
 
 # Relative cost of one op: roughly the passes over memory it makes. A MatMul reads and writes the most;
 # views (reshape meanings) are free at run time. Canonical forms (scores, probs) are never emitted.
+# repeat_heads writes K or V `times` over (Expand + Reshape): more than one transpose of them.
 PRIMITIVE_COSTS: dict[str, float] = {
     "value": 0.0, "no_bias": 0.0, "full_like": 0.1, "zero_bias": 0.1,
     "matmul": 10.0, "softmax": 4.0,
     "add": 2.0, "sub": 2.0, "mul": 2.0, "div": 2.0, "where": 2.0, "isnan": 1.0, "sqrt": 1.0, "cast": 1.0,
     "nan_to_zero": 3.0, "transpose": 2.0,
-    "repeat_heads": 2.0, "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
+    "repeat_heads": 3.0, "reshape": 0.5, "split_heads": 0.5, "merge_heads": 0.5, "merge_lead": 0.5, "split_lead": 0.5,
 }  # fmt: skip
 
 FUSED = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})

@@ -1,8 +1,9 @@
 """Properties over randomly drawn spellings of attention (``egfuse.testing.variants()``).
 
 Algebra, not enumeration: every combination of scale placement, K layout, mask, causal mask, guard, operand
-order, projection bias, heads (MHA/GQA/MQA), head size, cross-attention, KV cache, RoPE, position bias and
-precision must fuse into exactly one attention op and keep the original's numerics."""
+order, projection bias, heads (MHA/GQA/MQA), head size, cross-attention, KV cache, RoPE, position bias,
+precision, old dynamo's batched-MatMul decomposition, eval-mode Dropout and text dims must fuse into exactly one
+attention op and keep the original's numerics — also inside nested model-local functions."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from onnx import helper
 
 import egfuse
 from egfuse import validate
-from egfuse.testing import SOFTCAP, Variant, attention_model, feeds_for, variants
+from egfuse.testing import SOFTCAP, Variant, attention_model, feeds_for, in_functions, variants
 
 from ..conftest import fused_op_count, topologically_sorted
 
@@ -71,6 +72,18 @@ def test_every_spelling_fuses_for_ort(variant):
 @given(variants())
 def test_every_spelling_fuses_for_onnx(variant):
     _check_fuses(variant, "onnx")
+
+
+@given(variants(), st.integers(1, 3), st.sampled_from(["ort", "onnx"]))
+def test_every_spelling_fuses_inside_model_local_functions(variant, depth, target):
+    """torch 2.1–2.4's dynamo exporter writes modules as nested model-local functions: inlined, every spelling
+    fuses as it does in a flat graph."""
+    model = in_functions(attention_model(variant), depth=depth)
+    feeds = feeds_for(model, seed=variant.seed)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, f"{variant}\n{result.report}"
+    assert fused_op_count(result.model, target) == 1
+    _assert_matches(model, result.model, feeds)
 
 
 @given(variants(), st.sampled_from(["ort", "onnx"]))
@@ -154,7 +167,8 @@ def test_probabilities_used_elsewhere_stay_exact(variant, target):
 
 @given(variants(), st.sampled_from(["ort", "onnx"]))
 def test_value_of_the_wrong_rank_is_not_fused(variant, target):
-    variant = variant.replaced(heads=1, kv_heads=None, guard=False, symbolic=True, past=False)  # runs only for batch 1
+    # runs only for batch 1; the plain MatMul is the one whose V operand this test rewires
+    variant = variant.replaced(heads=1, kv_heads=None, guard=False, symbolic=True, past=False, matmul="plain")
     variant = variant.replaced(heads_layout="split", einsum=False)  # V behind its head Transpose
     model = attention_model(variant)
     pv = [n for n in model.graph.node if n.op_type == "MatMul"][-1]

@@ -1,0 +1,200 @@
+"""Model-local functions: inline what fusion has to see, keep the rest as the exporter wrote it.
+
+torch's dynamo exporter of 2023–2024 (``torch.onnx.dynamo_export``) writes every module as an ONNX function:
+the main graph is one node calling the model's function and attention lives two or three calls deep. The
+regions and rules see one graph, so functions are inlined first (onnx-ir's ``InlinePass``). Each node of a
+function body is tagged with the function it came from (node metadata survives inlining, the innermost
+function's tag winning) and the tags are read back as a map from the inlined node's (unique) name — names,
+unlike metadata, survive onnx's version converter —, so after fusion the functions that held a fused region
+are known, and a second inlining can keep every other function as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as ir_passes
+
+if TYPE_CHECKING:
+    from egfuse.facts import GraphFacts
+
+FUNCTION_TAG = "egfuse.function"
+"""Node metadata key: the ``domain::name`` of the model-local function a node was inlined from."""
+
+
+def function_label(op_id: ir.OperatorIdentifier) -> str:
+    domain, name, overload = op_id
+    return f"{domain}::{name}" + (f":{overload}" if overload else "")
+
+
+def calls_local_functions(proto: onnx.ModelProto) -> bool:
+    """The main graph calls a function the model defines (anything else leaves the regions nothing to lose)."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    return bool(local) and any((n.domain, n.op_type) in local for n in proto.graph.node)
+
+
+@dataclass
+class Inlined:
+    """A model with some of its functions inlined, and what was done."""
+
+    proto: onnx.ModelProto
+    inlined: list[str] = field(default_factory=list)  # labels of the functions inlined
+    kept: list[str] = field(default_factory=list)  # labels of the functions left as functions
+    origins: dict[str, str] = field(default_factory=dict)  # inlined node name → label of its function
+
+
+def inline(proto: onnx.ModelProto, only: set[str] | None = None) -> Inlined:
+    """Inline the model-local functions (all of them, or those labelled in ``only`` and every function that
+    calls one of them: a call left in place would hide the inlined body again). Nodes are tagged first."""
+    model = ir.serde.deserialize_model(proto)
+    for op_id, function in model.functions.items():
+        label = function_label(op_id)
+        for node in function:
+            node.metadata_props.setdefault(FUNCTION_TAG, label)
+    labels = {function_label(op_id): op_id for op_id in model.functions}
+    chosen = set(labels) if only is None else callers_closure(model, only & set(labels))
+    ir_passes.InlinePass(criteria=lambda f: function_label(f.identifier()) in chosen)(model)
+    kept = sorted(function_label(op_id) for op_id in model.functions)
+    inlined = sorted(set(labels) - set(kept))
+    origins: dict[str, str] = {}
+    # Tags are bookkeeping for this module: read back, then removed from the graph and the kept functions.
+    for node in model.graph.all_nodes():
+        label = node.metadata_props.pop(FUNCTION_TAG, None)
+        if label and node.name:
+            origins[node.name] = label
+    for function in model.functions.values():
+        for node in function:
+            node.metadata_props.pop(FUNCTION_TAG, None)
+    return Inlined(ir.serde.serialize_model(model), inlined, kept, origins)
+
+
+def callers_closure(model: ir.Model, labels: Iterable[str]) -> set[str]:
+    """``labels`` and every function that (transitively) calls one of them."""
+    callers: dict[str, set[str]] = {}
+    for op_id, function in model.functions.items():
+        for node in function:
+            if node.op_identifier() in model.functions:
+                callers.setdefault(function_label(node.op_identifier()), set()).add(function_label(op_id))
+    out, stack = set(), list(labels)
+    while stack:
+        label = stack.pop()
+        if label not in out:
+            out.add(label)
+            stack.extend(callers.get(label, ()))
+    return out
+
+
+def origin(nodes: Iterable[ir.Node], origins: dict[str, str] | None) -> list[str]:
+    """The functions the given (inlined) nodes came from, in first-seen order."""
+    if not origins:
+        return []
+    seen: dict[str, None] = {}
+    for node in nodes:
+        label = origins.get(node.name or "")
+        if label:
+            seen.setdefault(label, None)
+    return list(seen)
+
+
+def softmaxes_in_subgraphs(proto: onnx.ModelProto) -> list[str]:
+    """Softmax nodes no region can cover: inside If/Loop/Scan bodies, or in functions left as functions.
+    Returned as "where: node name" strings for the report."""
+    found: list[str] = []
+
+    def walk(graph: onnx.GraphProto, where: str, top: bool) -> None:
+        for node in graph.node:
+            if node.op_type == "Softmax" and not top:
+                found.append(f"{where}: {node.name or node.output[0]}")
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g, f"{node.op_type} {node.name!r} body", False)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        walk(g, f"{node.op_type} {node.name!r} body", False)
+
+    walk(proto.graph, "main graph", True)
+    called = {(n.domain, n.op_type) for n in proto.graph.node}
+    for function in proto.functions:
+        for node in function.node:
+            called.add((node.domain, node.op_type))
+    for function in proto.functions:
+        if (function.domain, function.name) not in called:
+            continue
+        where = f"function {function.domain}::{function.name}"
+        for node in function.node:
+            if node.op_type == "Softmax":
+                found.append(f"{where}: {node.name or node.output[0]}")
+    return found
+
+
+def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
+    """Replace each ``If`` whose condition ``facts`` knows by the branch it takes (``If(true, a, b) = a``).
+
+    torchlib functions of torch 2.1–2.2 wrap ops in ``If(IsScalar(x), Unsqueeze(x), Identity(x))`` (aten_softmax
+    on both sides of the Softmax): with x's rank known the condition is a constant, and the regions must see
+    the branch's plain ops. Returns how many were folded (the caller recomputes ``facts`` then)."""
+    folded = 0
+    for node in list(graph):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        cond = facts.const(node.inputs[0])
+        if cond is None and _is_scalar_test(node.inputs[0], facts) is not None:
+            cond = np.array(False)  # Size(Shape(x)) is x's rank, which is at least one
+        if cond is None or cond.size != 1:
+            continue
+        branch = node.attributes["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"].as_graph()
+        outputs = list(branch.outputs)
+        if len(outputs) != len(node.outputs) or any(v.producer() is None for v in outputs):
+            continue  # a branch returning an outer value as is: left alone
+        other = node.attributes["else_branch" if bool(cond.reshape(-1)[0]) else "then_branch"].as_graph()
+        for dropped in list(other.all_nodes()):  # its nodes read outer values: they must not count as readers
+            for i in range(len(dropped.inputs)):
+                dropped.replace_input_with(i, None)
+        nodes = list(branch)
+        branch.outputs.clear()  # its output values become the If's: one graph may own them
+        branch.remove(nodes, safe=False)
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=nodes,
+            old_values=node.outputs,
+            new_values=outputs,
+        )
+        folded += 1
+    return folded
+
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Identity", "Cast", "CastLike", "Neg", "Sqrt"})
+
+
+def _is_scalar_test(value: ir.Value, facts: GraphFacts) -> ir.Value | None:
+    """The x of ``Equal(Size(Shape(x)), 0)`` (torchlib's IsScalar) when x provably has rank ≥ 1, else None."""
+    equal = value.producer()
+    if equal is None or equal.op_type != "Equal" or facts.scalar(equal.inputs[1]) != 0:
+        return None
+    size = equal.inputs[0].producer()
+    shape = size.inputs[0].producer() if size is not None and size.op_type == "Size" else None
+    if shape is None or shape.op_type != "Shape" or shape.attributes.get("start") or shape.attributes.get("end"):
+        return None
+    x = shape.inputs[0]
+    return x if _rank_at_least(x, facts) >= 1 else None
+
+
+def _rank_at_least(value: ir.Value | None, facts: GraphFacts, depth: int = 8) -> int:
+    """A lower bound of ``value``'s rank: its known rank, or through elementwise ops (broadcasting never lowers
+    a rank) the largest bound of their inputs."""
+    if value is None:
+        return 0
+    rank = facts.rank(value)
+    if rank is not None:
+        return rank
+    node = value.producer()
+    if node is None or depth == 0 or node.op_type not in _ELEMENTWISE:
+        return 0
+    return max((_rank_at_least(v, facts, depth - 1) for v in node.inputs), default=0)
