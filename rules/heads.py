@@ -56,6 +56,27 @@ def rules(x: Tensor, c: Tensor, m: Tensor, a: Tensor, n: String, h: String, r: i
             eq(n).to(String(ONE)),
             eq(rank_of(c)).to(rank_of(merged)),
         )
+    # A select with a scalar fill over a merged tensor is the merge of the select, under the same conditions
+    # as a sum: the condition is split like an added term (full merged batch, lower rank, or one head).
+    for fill_first in (False, True):
+
+        def select(cond: Tensor, kept: Tensor, first: bool = fill_first) -> Tensor:
+            return Tensor.where(cond, c, kept) if first else Tensor.where(cond, kept, c)
+
+        total = select(m, merged)
+        yield rewrite(total).to(
+            Tensor.merge_lead(select(Tensor.split_lead(m, n), x), n),
+            scalar_of(c) == f,
+            eq(dim_of(m, i64(0))).to(dim_of(merged, i64(0))),
+            eq(rank_of(m)).to(rank_of(merged)),
+        )
+        yield rewrite(total).to(Tensor.merge_lead(select(m, x), n), scalar_of(c) == f, rank_of(m) < rank_of(merged))
+        yield rewrite(total).to(
+            Tensor.merge_lead(select(Tensor.split_lead(m, ONE), x), ONE),
+            scalar_of(c) == f,
+            eq(n).to(String(ONE)),
+            eq(rank_of(m)).to(rank_of(merged)),
+        )
     # A batched 3D MatMul is one head of a 4D one (then the 4D rules apply; merge_lead(·, "1") undoes it).
     yield rewrite(Tensor.matmul(x, c)).to(
         Tensor.merge_lead(Tensor.matmul(Tensor.split_lead(x, ONE), Tensor.split_lead(c, ONE)), ONE),

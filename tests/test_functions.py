@@ -123,16 +123,17 @@ def test_functions_are_all_inlined_where_the_opset_is_converted():
 
 
 def test_reason_names_the_node_where_recognition_stopped():
-    """A K path through an op no rule reads: the reason names that node (like onnxscript's MatchResult.fail)."""
+    """Scores through an op no rule reads: the reason names that node (like onnxscript's MatchResult.fail).
+    (An op on K alone is no obstacle: ``Q @ X`` is ``scores(Q, Xᵀ)`` for any X, so it fuses with X as the keys.)"""
     model = attention_model(Variant())
-    kt = next(n for n in model.graph.node if n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 3, 1])
-    qk = next(n for n in model.graph.node if n.op_type == "MatMul" and kt.output[0] in n.input)
-    qk.input[1] = "k_sin"
-    model.graph.node.insert(list(model.graph.node).index(qk), helper.make_node("Sin", [kt.output[0]], ["k_sin"],
-                                                                               name="odd_k"))  # fmt: skip
+    qk = next(n for n in model.graph.node if n.op_type == "MatMul" and any("transpose" in i.lower() for i in n.input))
+    odd = helper.make_node("Sin", [qk.output[0]], ["scores_sin"], name="odd_scores")
+    for node in model.graph.node:
+        node.input[:] = ["scores_sin" if i == qk.output[0] else i for i in node.input]
+    model.graph.node.insert(list(model.graph.node).index(qk) + 1, odd)
     result = egfuse.fuse(model, validate=False)
     assert result.report.fused == 0
-    assert "recognition stopped at Sin 'odd_k'" in result.report.regions[0].reason
+    assert "recognition stopped at Sin 'odd_scores'" in result.report.regions[0].reason, result.report.regions[0].reason
 
 
 def test_reason_names_a_training_dropout():
