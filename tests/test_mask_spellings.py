@@ -91,6 +91,10 @@ def test_drawn_spellings_keep_left_padded_rows(variant):
     assume(
         not (variant.dtype == "float16" and (variant.mask.startswith("additive") or variant.mask == "where_reversed"))
     )
+    # float16 with a padding term (1 − m)·finfo.min under a causal buffer's finfo.min fill: S + finfo.min
+    # overflows to −inf for S below −16 (float16's ulp there is 32), so which keys of a fully masked row the
+    # graph keeps depends on each score's rounding — no fused form reproduces it; validation rolls it back.
+    assume(not (variant.dtype == "float16" and variant.mask == "padding_int" and variant.causal.startswith("buffer")))
     model = attention_model(variant)
     feeds = feeds_for(model, seed=variant.seed, left_padding=True)
     for target in ("ort", "onnx"):
