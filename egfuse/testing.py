@@ -31,6 +31,9 @@ HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
 as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
 channel axis of 1×1-convolution projections on (B, C, S), K arriving as (B, N, H, T) (SqueezeBERT); or no
 heads axis at all, (B, S, H) (single-head attention)."""
+QUERY_BIASES = ("none", "relative", "gated")
+"""Additive terms computed from Q: Transformer-XL/XLNet/Funnel/Conformer relative attention ``(Q + u)·Kᵀ +
+shift((Q + v)·Rᵀ)``, or WavLM's gate computed from Q scaling a position bias (``gate(Q) · P``)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Variant:
     einsum: bool = False  # scores and context written as two-operand Einsums (TorchScript keeps them as one op)
     clamp: bool = False  # OPT: max(masked scores, finfo.min) before the softmax
     seed: int = 0
+    query_bias: str = "none"  # see QUERY_BIASES: split heads only, no soft-cap
 
     def __post_init__(self) -> None:
         kv = self.kv_heads or self.heads
@@ -82,6 +86,10 @@ class Variant:
             raise ValueError("channel-first and single-head blocks have no repeat_kv, cache or RoPE here")
         if self.heads_layout == "single" and self.heads != 1:
             raise ValueError("single-head attention has one head")
+        if self.query_bias not in QUERY_BIASES:
+            raise ValueError(f"query_bias must be one of {QUERY_BIASES}")
+        if self.query_bias != "none" and (self.heads_layout != "split" or self.softcap != "none"):
+            raise ValueError("query-dependent biases are built on split heads, added outside any soft-cap")
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
@@ -209,6 +217,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         else:
             v_ = repeat_kv(cached(b.op("Transpose", [v_bsnh], perm=[0, 2, 1, 3]), "value"))
 
+    q_plain = q  # the query before its content bias u: the position term and the gate read it
+    if v.query_bias == "relative":  # (Q + u)·Kᵀ: u per head, broadcast over batch and positions
+        u_shape = (heads, hd) if bsnh_einsum else (heads, 1, hd)
+        q = b.comm("Add", q, b.const(b.rng.standard_normal(u_shape).astype(np_type) * 0.5, "u"))
     if v.scale == "q_mul":
         q = mul_scalar(q, scale)
     if v.scale == "split_sqrt":
@@ -266,7 +278,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         axes = [1, 2] if rank == 4 else [1]
         expanded = b.op("Unsqueeze", ["attention_mask", b.const(np.array(axes, np.int64), "axes")])
         inverted = b.op("Sub", [scalar(1.0, "one"), b.op("Cast", [expanded], to=onnx_type)])
-        mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).min, "min"))
+        if v.query_bias == "relative":  # XLNet/Funnel subtract it from the summed terms: S − big·(1 − mask)
+            mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).max, "max"))
+        else:
+            mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).min, "min"))
 
     def apply_scale(t: str) -> str:
         if v.scale == "qk_mul":
@@ -308,13 +323,17 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         pb_dims = [1, heads, seq, kv_seq] if rank == 4 else [1, seq, kv_seq]
         inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, pb_dims))
         s = b.comm("Add", s, "position_bias")
+    if v.query_bias != "none":  # XLNet: (AC + BD)·scale, the mask after; WavLM: the gated bias as the mask
+        s = b.comm("Add", s, _query_bias(b, v, q_plain, bsnh_einsum, inputs, seq, kv_seq, onnx_type))
 
     if v.mask == "additive_before_scale":
         s = apply_scale(b.comm("Add", s, mask))
     else:
         if not scaled:
             s = soft_cap(apply_scale(s))
-        if v.mask in ("additive", "padding_int"):
+        if v.mask == "padding_int" and v.query_bias == "relative":
+            s = b.op("Sub", [s, mask])
+        elif v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
             s = b.op("Add", [mask, s])
@@ -390,6 +409,38 @@ def _conv(b: _Builder, v: Variant, x: str, tag: str) -> str:
     if v.proj_bias:
         inputs.append(b.const(b.rng.standard_normal(v.hidden).astype(np_type) * 0.1, f"b{tag}"))
     return b.op("Conv", inputs, kernel_shape=[1])
+
+
+def _query_bias(b: _Builder, v: Variant, q: str, seq_first: bool, inputs: list, seq, kv_seq, onnx_type: int) -> str:
+    """A bias computed from the query ``q`` (B, N, S, H) — or (B, S, N, H) when ``seq_first`` — through ops the
+    rules do not see into (a relative shift's Pad/Slice, a gate's Sigmoid): the fused op must take it as its
+    additive input, computed outside it from the same Q projection."""
+    np_type = np.dtype(v.dtype)
+    heads, hd = v.heads, v.head_dim
+    if seq_first:
+        q = b.op("Transpose", [q], perm=[0, 2, 1, 3])
+
+    def i64(*values: int) -> str:
+        return b.const(np.array(values, np.int64), "i")
+
+    if v.query_bias == "gated":  # WavLM: g = sigmoid(Q·w), gate = g·(g·c − 1) + 2, times a position bias
+        inputs.append(helper.make_tensor_value_info("gated_bias", onnx_type, [1, heads, seq, kv_seq]))
+        g = b.op("Sigmoid", [b.op("MatMul", [q, b.const((b.rng.standard_normal((hd, 1)) * 0.3).astype(np_type))])])
+        inner = b.op("Sub", [b.comm("Mul", g, b.const(np.array(1.5, np_type))), b.const(np.array(1.0, np_type))])
+        gate = b.comm("Add", b.comm("Mul", g, inner), b.const(np.array(2.0, np_type)))
+        return b.comm("Mul", gate, "gated_bias")
+    # Relative: shift((Q + v)·Rᵀ), R the (T, N·H) position embeddings split into heads as (1, N, H, T).
+    inputs.append(helper.make_tensor_value_info("rel_pos", onnx_type, [kv_seq, v.hidden]))
+    r = b.op("Transpose", [b.op("Reshape", ["rel_pos", i64(1, -1, heads, hd)])], perm=[0, 2, 3, 1])
+    qv = b.comm("Add", q, b.const(b.rng.standard_normal((heads, 1, hd)).astype(np_type) * 0.5, "v"))
+    bd = b.op("MatMul", [qv, r])
+    # Transformer-XL's shift: pad a zero column in front, view as (…, T + 1, S), drop the first row, view back.
+    shape = b.op("Shape", [bd])
+    padded = b.op("Pad", [bd, i64(0, 0, 0, 1, 0, 0, 0, 0), b.const(np.array(0.0, np_type))])
+    t1 = b.op("Add", [b.op("Slice", [shape, i64(3), i64(4)]), i64(1)])
+    lead, rows = b.op("Slice", [shape, i64(0), i64(2)]), b.op("Slice", [shape, i64(2), i64(3)])
+    viewed = b.op("Reshape", [padded, b.op("Concat", [lead, t1, rows], axis=0)])
+    return b.op("Reshape", [b.op("Slice", [viewed, i64(1), i64(2**31), i64(2)]), shape])
 
 
 def _channel_heads(b: _Builder, v: Variant, t: str) -> str:
@@ -542,6 +593,8 @@ def _compatible(choices: dict) -> dict:
         c["kv_heads"], c["past"], c["rope"] = None, False, False
     if layout == "single":
         c["heads"] = 1
+    if layout != "split" or c.get("softcap", "none") != "none":  # query biases: split heads, no soft-cap
+        c["query_bias"] = "none"
     return c
 
 
@@ -576,6 +629,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "baddbmm": st.booleans(),
             "einsum": st.booleans(),
             "clamp": st.booleans(),
+            "query_bias": st.sampled_from(QUERY_BIASES),
             "seed": st.integers(0, 2**16),
         }
     )
@@ -588,6 +642,7 @@ __all__ = [
     "HEAD_LAYOUTS",
     "K_LAYOUTS",
     "MASKS",
+    "QUERY_BIASES",
     "ROPE_TABLES",
     "SCALES",
     "SOFTCAP",
