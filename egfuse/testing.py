@@ -23,15 +23,11 @@ CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
 scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sliding window), applied *before*
 the mask is added (the other causal values come after it)."""
 SOFTCAPS = ("none", "div", "reciprocal")
-QUERY_BIASES = ("none", "rel_pos_uv", "gated")
 QDQ = ("none", "inputs", "probs")
 """QuantizeLinear → DequantizeLinear pairs (int8, per tensor): on the Q/K/V projections' outputs (``inputs``:
 outside attention, the fused op reads the dequantized values) or also on the probabilities before ·V
 (``probs``, as ``quantize_static`` writes them on every MatMul input: no fused op rounds its probabilities, so
 that block must stay unfused — a near miss, not drawn by ``variants()``)."""
-"""Additive score terms computed from Q: Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (content and
-position biases u, v per head, R the projected relative positions), or a gate computed from Q scaling a
-position bias (WavLM's gated relative position bias)."""
 SOFTCAP = 2.0
 """The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
 DTYPES = ("float32", "float16")
@@ -49,6 +45,10 @@ HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
 as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
 channel axis of 1×1-convolution projections on (B, C, S), K arriving as (B, N, H, T) (SqueezeBERT); or no
 heads axis at all, (B, S, H) (single-head attention)."""
+QUERY_BIASES = ("none", "rel_pos_uv", "relative", "gated")
+"""Additive terms computed from Q: Conformer's unshifted ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (``rel_pos_uv``: u, v per
+head, R the projected relative positions), Transformer-XL/XLNet/Funnel relative attention ``(Q + u)·Kᵀ +
+shift((Q + v)·Rᵀ)`` (``relative``), or WavLM's gate computed from Q scaling a position bias (``gate(Q) · P``)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class Variant:
     dropout: str = "none"  # see DROPOUTS
     text_dims: bool = False  # fixed sizes of graph inputs named as text dims ('16'), as old dynamo exports do
     seed: int = 0
+    query_bias: str = "none"  # see QUERY_BIASES: split heads only, no soft-cap
 
     def __post_init__(self) -> None:
         kv = self.kv_heads or self.heads
@@ -107,14 +108,18 @@ class Variant:
             raise ValueError("baddbmm adds its bias to alpha·(Q·Kᵀ) on folded heads: alpha is the (qk_mul) scale")
         if self.heads_layout in ("channel_first", "single") and (kv != self.heads or self.past or self.rope):
             raise ValueError("channel-first and single-head blocks have no repeat_kv, cache or RoPE here")
-        if (self.heads_layout != "split" or self.einsum) and (
-            self.query_bias != "none" or self.causal in ("buffer_where", "buffer_local")
-        ):
-            raise ValueError("query-dependent biases and the causal buffer are built on split heads' MatMul scores")
+        if (self.heads_layout != "split" or self.einsum) and self.causal in ("buffer_where", "buffer_local"):
+            raise ValueError("the causal buffer is sliced by Kᵀ's shape: split heads' MatMul scores only")
+        if self.einsum and self.query_bias == "rel_pos_uv":
+            raise ValueError("the unshifted relative term is built from MatMul scores")
         if self.matmul != "plain" and (self.heads_layout != "split" or self.einsum or self.query_bias != "none"):
             raise ValueError("the batched-MatMul decomposition is of split heads' 4D MatMuls")
         if self.heads_layout == "single" and self.heads != 1:
             raise ValueError("single-head attention has one head")
+        if self.query_bias not in QUERY_BIASES:
+            raise ValueError(f"query_bias must be one of {QUERY_BIASES}")
+        if self.query_bias != "none" and (self.heads_layout != "split" or self.softcap != "none"):
+            raise ValueError("query-dependent biases are built on split heads, added outside any soft-cap")
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
@@ -248,6 +253,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         else:
             v_ = repeat_kv(cached(b.op("Transpose", [v_bsnh], perm=[0, 2, 1, 3]), "value"))
 
+    q_plain = q  # the query before its content bias u: the position term and the gate read it
+    if v.query_bias == "relative":  # (Q + u)·Kᵀ: u per head, broadcast over batch and positions
+        u_shape = (heads, hd) if bsnh_einsum else (heads, 1, hd)
+        q = b.comm("Add", q, b.const(b.rng.standard_normal(u_shape).astype(np_type) * 0.5, "u"))
     if v.scale == "q_mul":
         q = mul_scalar(q, scale)
     if v.scale == "split_sqrt":
@@ -286,7 +295,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.scale == "split_sqrt":
         kt = mul_scalar(kt, np.sqrt(scale))
     q_in = _fold(b, q) if folded else q
-    if v.query_bias != "none":  # split heads only (see _compatible)
+    if v.query_bias == "rel_pos_uv":  # split heads' MatMul scores only (see _compatible)
         s = _query_biased_scores(b, v, q, kt, inputs, seq, kv_seq, np_type)
     elif not v.einsum:
         s = _matmul(b, v, q_in, kt)
@@ -307,7 +316,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         axes = [1, 2] if rank == 4 else [1]
         expanded = b.op("Unsqueeze", ["attention_mask", b.const(np.array(axes, np.int64), "axes")])
         inverted = b.op("Sub", [scalar(1.0, "one"), b.op("Cast", [expanded], to=onnx_type)])
-        mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).min, "min"))
+        if v.query_bias == "relative":  # XLNet/Funnel subtract it from the summed terms: S − big·(1 − mask)
+            mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).max, "max"))
+        else:
+            mask = b.comm("Mul", inverted, scalar(np.finfo(np_type).min, "min"))
 
     def apply_scale(t: str) -> str:
         if v.scale == "qk_mul":
@@ -349,6 +361,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         pb_dims = [1, heads, seq, kv_seq] if rank == 4 else [1, seq, kv_seq]
         inputs.append(helper.make_tensor_value_info("position_bias", onnx_type, pb_dims))
         s = b.comm("Add", s, "position_bias")
+    if v.query_bias in ("relative", "gated"):  # XLNet: (AC + BD)·scale, the mask after; WavLM: the gated bias
+        s = b.comm("Add", s, _query_bias(b, v, q_plain, bsnh_einsum, inputs, seq, kv_seq, onnx_type))
 
     if v.mask == "additive_before_scale":
         s = _buffer_causal(b, v, apply_scale(b.comm("Add", s, mask)), q, kt, np_type)
@@ -356,7 +370,9 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         if not scaled:
             s = soft_cap(apply_scale(s))
         s = _buffer_causal(b, v, s, q, kt, np_type)
-        if v.mask in ("additive", "padding_int"):
+        if v.mask == "padding_int" and v.query_bias == "relative":
+            s = b.op("Sub", [s, mask])
+        elif v.mask in ("additive", "padding_int"):
             s = b.op("Add", [s, mask])
         elif v.mask == "additive_first":
             s = b.op("Add", [mask, s])
@@ -442,6 +458,38 @@ def _conv(b: _Builder, v: Variant, x: str, tag: str) -> str:
     return b.op("Conv", inputs, kernel_shape=[1])
 
 
+def _query_bias(b: _Builder, v: Variant, q: str, seq_first: bool, inputs: list, seq, kv_seq, onnx_type: int) -> str:
+    """A bias computed from the query ``q`` (B, N, S, H) — or (B, S, N, H) when ``seq_first`` — through ops the
+    rules do not see into (a relative shift's Pad/Slice, a gate's Sigmoid): the fused op must take it as its
+    additive input, computed outside it from the same Q projection."""
+    np_type = np.dtype(v.dtype)
+    heads, hd = v.heads, v.head_dim
+    if seq_first:
+        q = b.op("Transpose", [q], perm=[0, 2, 1, 3])
+
+    def i64(*values: int) -> str:
+        return b.const(np.array(values, np.int64), "i")
+
+    if v.query_bias == "gated":  # WavLM: g = sigmoid(Q·w), gate = g·(g·c − 1) + 2, times a position bias
+        inputs.append(helper.make_tensor_value_info("gated_bias", onnx_type, [1, heads, seq, kv_seq]))
+        g = b.op("Sigmoid", [b.op("MatMul", [q, b.const((b.rng.standard_normal((hd, 1)) * 0.3).astype(np_type))])])
+        inner = b.op("Sub", [b.comm("Mul", g, b.const(np.array(1.5, np_type))), b.const(np.array(1.0, np_type))])
+        gate = b.comm("Add", b.comm("Mul", g, inner), b.const(np.array(2.0, np_type)))
+        return b.comm("Mul", gate, "gated_bias")
+    # Relative: shift((Q + v)·Rᵀ), R the (T, N·H) position embeddings split into heads as (1, N, H, T).
+    inputs.append(helper.make_tensor_value_info("rel_pos", onnx_type, [kv_seq, v.hidden]))
+    r = b.op("Transpose", [b.op("Reshape", ["rel_pos", i64(1, -1, heads, hd)])], perm=[0, 2, 3, 1])
+    qv = b.comm("Add", q, b.const(b.rng.standard_normal((heads, 1, hd)).astype(np_type) * 0.5, "v"))
+    bd = b.op("MatMul", [qv, r])
+    # Transformer-XL's shift: pad a zero column in front, view as (…, T + 1, S), drop the first row, view back.
+    shape = b.op("Shape", [bd])
+    padded = b.op("Pad", [bd, i64(0, 0, 0, 1, 0, 0, 0, 0), b.const(np.array(0.0, np_type))])
+    t1 = b.op("Add", [b.op("Slice", [shape, i64(3), i64(4)]), i64(1)])
+    lead, rows = b.op("Slice", [shape, i64(0), i64(2)]), b.op("Slice", [shape, i64(2), i64(3)])
+    viewed = b.op("Reshape", [padded, b.op("Concat", [lead, t1, rows], axis=0)])
+    return b.op("Reshape", [b.op("Slice", [viewed, i64(1), i64(2**31), i64(2)]), shape])
+
+
 def _channel_heads(b: _Builder, v: Variant, t: str) -> str:
     """(B, N·H, S) → (B, N, H, S): heads split off the channel axis."""
     return b.op("Reshape", [t, b.const(np.array([0, v.heads, v.head_dim, -1], np.int64), "shape")])
@@ -450,7 +498,7 @@ def _channel_heads(b: _Builder, v: Variant, t: str) -> str:
 def _query_biased_scores(
     b: _Builder, v: Variant, q: str, kt: str, inputs: list, seq: int | str, kv_seq: int | str, np_type: np.dtype
 ) -> str:
-    """Q·Kᵀ, or Q·Kᵀ plus a term that reads Q (see QUERY_BIASES)."""
+    """Q·Kᵀ, plus the unshifted relative term that reads Q for ``rel_pos_uv`` (see QUERY_BIASES)."""
     heads, hd = v.heads, v.head_dim
     onnx_type = helper.np_dtype_to_tensor_dtype(np_type)
     if v.query_bias == "rel_pos_uv":  # (Q + u)·Kᵀ + (Q + v)·Rᵀ, u and v (N, 1, H) per head
@@ -458,12 +506,7 @@ def _query_biased_scores(
         inputs.append(helper.make_tensor_value_info("rel_pos", onnx_type, [1, heads, hd, kv_seq]))
         content = b.op("MatMul", [b.comm("Add", q, u), kt])
         return b.op("Add", [content, b.op("MatMul", [b.comm("Add", q, w), "rel_pos"])])
-    s = b.op("MatMul", [q, kt])
-    if v.query_bias == "gated":  # sigmoid(Q·w) (B, N, S, 1) scaling a (1, N, S, T) position bias
-        inputs.append(helper.make_tensor_value_info("gated_bias", onnx_type, [1, heads, seq, kv_seq]))
-        gate = b.op("Sigmoid", [b.op("MatMul", [q, b.const(b.rng.standard_normal((hd, 1)).astype(np_type), "w_gate")])])
-        s = b.op("Add", [s, b.comm("Mul", gate, "gated_bias")])
-    return s
+    return b.op("MatMul", [q, kt])
 
 
 def _matmul(b: _Builder, v: Variant, x: str, y: str) -> str:
@@ -733,10 +776,12 @@ def _compatible(choices: dict) -> dict:
         c["kv_heads"], c["past"], c["rope"] = None, False, False
     if layout == "single":
         c["heads"] = 1
-    if layout != "split" or c.get("einsum"):  # these build split-head 4D scores from MatMul
+    if layout != "split" or c.get("softcap", "none") != "none":  # query biases: split heads, no soft-cap
         c["query_bias"] = "none"
-        if c["causal"] in ("buffer_where", "buffer_local"):
-            c["causal"] = "trilu"
+    if c.get("einsum") and c.get("query_bias") == "rel_pos_uv":
+        c["query_bias"] = "none"
+    if (layout != "split" or c.get("einsum")) and c["causal"] in ("buffer_where", "buffer_local"):
+        c["causal"] = "trilu"  # the buffer is sliced by Kᵀ's shape: split heads' MatMul scores only
     if c.get("dtype", "float32") != "float32":
         c["qdq"] = "none"
     if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":

@@ -10,12 +10,13 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
+* ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
 from __future__ import annotations
 
-from egfuse.rules import attention, clamp, commute, facts, heads, layout, masks, ort, precision, scale, softcap
+from egfuse.rules import attention, clamp, commute, facts, heads, layout, masks, ort, precision, qbias, scale, softcap
 from egglog import Ruleset
 
 CORE: Ruleset = (
@@ -30,6 +31,7 @@ CORE: Ruleset = (
     | heads.rules
     | heads.weights
     | clamp.rules
+    | qbias.rules
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
@@ -37,5 +39,5 @@ TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
 
 __all__ = [
     "CORE", "TARGET_RULES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "precision",
-    "scale", "softcap",
+    "qbias", "scale", "softcap",
 ]  # fmt: skip
