@@ -3,7 +3,9 @@ releases (`experiments/drift_corpus.py`, committed under tests/data/drift/<stack
 every export fuses on both targets, validated by egfuse's own generated inputs (as `experiments/compare.py`
 measures coverage), and the result matches the original on the inputs the export was made with.
 
-The fast suite runs each export on one target (alternating); the slow suite (`-m slow`) runs the other.
+The fast suite runs one case in eight (every stack, both exporters and targets among them); the slow suite
+(`-m slow`, which CI runs) runs the rest. An export onnxruntime itself cannot run (an exporter bug: e.g. Falcon's
+complex128 rotary tables in TorchScript) must come back unchanged: nothing can be proven on it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import onnx
 import pytest
 
 import egfuse
+from egfuse import validate
 
 from .conftest import DATA, assert_same_outputs, fused_op_count
 
@@ -39,7 +42,7 @@ def _cases() -> list:
     cases = []
     for i, (stack, entry) in enumerate(_entries()):
         for j, target in enumerate(("ort", "onnx")):
-            marks = [pytest.mark.slow] if (i + j) % 2 else []
+            marks = [] if (2 * i + j) % 8 == 0 else [pytest.mark.slow]
             gap = KNOWN_GAPS.get((stack.name, entry["file"]))
             if gap:
                 marks.append(pytest.mark.xfail(reason=gap, strict=True))
@@ -61,10 +64,17 @@ def test_the_corpus_spans_three_years_of_releases():
 @pytest.mark.parametrize(("stack", "entry", "target"), _cases())
 def test_every_block_fuses_and_matches(stack: Path, entry: dict, target: str):
     path = stack / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    original = onnx.load(path)
+    try:
+        validate.run(original, feeds)
+    except Exception:  # the export itself does not run: nothing may be applied
+        result = egfuse.fuse(path, target=target)
+        assert result.report.fused == 0 and result.report.validated is not True, str(result.report)
+        return
     result = egfuse.fuse(path, target=target)
     report = result.report
     assert report.fused == entry["blocks"], str(report)
     assert report.validated is True, str(report)
     assert fused_op_count(result.model, target) == entry["blocks"], str(report)
-    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
-    assert_same_outputs(onnx.load(path), result.model, feeds)
+    assert_same_outputs(original, result.model, feeds)
