@@ -308,13 +308,17 @@ def _wrapper(spec: Spec, model, config, names: list[str]):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.cache_object = False  # legacy (key, value) tuples until the release refuses them
 
         def forward(self, *args):
             kwargs = {n: args[i] for i, n in enumerate(names)}  # torch 2.1 dynamo cannot trace zip(strict=)
             if not spec.past:
                 return self.model(**kwargs).last_hidden_state
             past = [kwargs.pop(f"past_{k}_{i}") for i in range(LAYERS) for k in ("key", "value")]
-            cache = _cache(past, config) if five else tuple((past[2 * i], past[2 * i + 1]) for i in range(LAYERS))
+            if five or self.cache_object:
+                cache = _cache(past, config)
+            else:
+                cache = tuple((past[2 * i], past[2 * i + 1]) for i in range(LAYERS))
             out = self.model(**kwargs, past_key_values=cache, use_cache=True)
             return (out.last_hidden_state, *_present(out.past_key_values))
 
@@ -392,13 +396,27 @@ def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], axe
         if "total_sequence" not in dims and any("total_sequence" in a.values() for a in axes.values()):
             raise ValueError("torch.export.Dim.AUTO is missing: the mask's length past + new cannot be stated")
         dyn = (tuple({axis: dims[d] for axis, d in axes[n].items()} for n in names),)
-        torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs, dynamic_shapes=dyn,
-                          opset_version=18, dynamo=True)  # fmt: skip
+        return _export_opset(model, args, path, names, outputs, {"dynamic_shapes": dyn})
+    except Exception as err:  # retried without dynamic shapes, reason noted
+        first = _reason(err)
+    note = _export_opset(model, args, path, names, outputs, {})
+    return "; ".join(filter(None, [f"static shapes (dynamic failed: {first})", note]))
+
+
+def _export_opset(model, args: tuple, path: Path, names: list[str], outputs: list[str], extra: dict) -> str | None:
+    """``torch.onnx.export(dynamo=True)`` at opset 18; at the release's own opset where converting to 18 fails
+    (torch 2.7 with onnxscript 0.3: 'The version conversion pass does not support functions')."""
+    import torch
+
+    common = {"input_names": names, "output_names": outputs, "dynamo": True, **extra}
+    try:
+        torch.onnx.export(model, args, str(path), opset_version=18, **common)
         return None
     except Exception as err:
-        first = _reason(err)
-    torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs, opset_version=18, dynamo=True)
-    return f"static shapes (dynamic failed: {first})"
+        if "version conversion" not in str(err):
+            raise
+    torch.onnx.export(model, args, str(path), **common)
+    return "the exporter's default opset (conversion to 18 fails on functions)"
 
 
 def _keyed_by_graph_inputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -443,6 +461,14 @@ def export(spec: Spec, impl: str, exporter: str, out_dir: Path) -> Entry:
             outputs += [f"present_{k}_{i}" for i in range(LAYERS) for k in ("key", "value")]
         wrapper = _wrapper(spec, model, config, names)
         args = tuple(torch.from_numpy(v) for v in feeds.values())
+        if spec.past:  # a release that wants a Cache object says so on an eager call
+            try:
+                with torch.no_grad():
+                    wrapper(*args)
+            except ValueError as err:
+                if "Cache" not in str(err):
+                    raise
+                wrapper.cache_object = True
         axes = {n: _dynamic_axes(n, feeds[n], spec.past) for n in names}
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_fds():
             warnings.simplefilter("ignore")

@@ -14,6 +14,7 @@ Writes results/<name>.json (rows with per-model reasons) and results/<name>.md (
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -52,6 +53,8 @@ def measure(entry: dict, tool: str, stack_dir: Path, hidden: int, timeout: float
     arch = entry["name"].rsplit("_", 1)[0].removesuffix("_past")
     told = {**entry, "name": FAMILY.get(arch, arch)}  # only compare.family reads the name
     record = compare.run(told, tool, stack_dir, hidden, timeout)
+    # optimize_worker keeps its output beside the model when the check fails: not corpus data
+    (stack_dir / f"{entry['file']}.{tool.replace(':', '_')}.tmp.onnx").unlink(missing_ok=True)
     good, reason = compare.score(entry, record)
     details = _egfuse_reasons(stack_dir / entry["file"], tool, timeout) if tool.startswith("egfuse") and reason else []
     return {
@@ -94,6 +97,22 @@ def _egfuse_reasons(model: Path, tool: str, timeout: float) -> list[str]:
     return reasons
 
 
+@functools.cache
+def _original_fails(model: Path) -> str | None:
+    """Why the exported model itself does not load or run on onnxruntime with its feeds (None when it does)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        session.run(None, dict(np.load(model.with_name(model.name.replace(".onnx", ".feeds.npz")))))
+    except Exception as err:
+        return str(err).strip().splitlines()[0][:200]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -102,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--jobs", type=int, default=1, help="workers at once (each its own process)")
     parser.add_argument("--name", default="drift_coverage", help="results file name (without extension)")
+    parser.add_argument("--merge", action="store_true", help="keep the other stacks' and tools' rows of <name>.json")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     jobs, failed, versions = [], [], {}
@@ -109,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads((stack_dir / "manifest.json").read_text())
         versions[stack_dir.name] = {k: manifest.get(k) for k in ("transformers", "torch", "onnxscript", "python")}
         for entry in manifest["models"]:
-            if entry["file"]:
+            broken = _original_fails(stack_dir / entry["file"]) if entry["file"] else None
+            if broken:  # no tool can be asked to keep the meaning of a model onnxruntime cannot run
+                entry = {**entry, "error": f"the export does not run on onnxruntime: {broken}"}
+                failed.append({"stack": stack_dir.name, **{k: entry[k] for k in ("name", "exporter", "error")}})
+            elif entry["file"]:
                 jobs += [(entry, tool, stack_dir, manifest["hidden"]) for tool in args.tools]
             else:
                 failed.append({"stack": stack_dir.name, **{k: entry[k] for k in ("name", "exporter", "error")}})
@@ -123,7 +147,25 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(one, jobs))
-    write(rows, failed, versions, args.tools, args.name, round(time.perf_counter() - start, 1))
+    seconds, tools = round(time.perf_counter() - start, 1), args.tools
+    old_path = compare.RESULTS / f"{args.name}.json"
+    if args.merge and old_path.exists():  # a stack or tool measured now replaces its old rows, others are kept
+        old = json.loads(old_path.read_text())
+        fresh = {(r["stack"], r["tool"]) for r in rows}
+        kept = [r for r in old["rows"] if (r["stack"], r["tool"]) not in fresh]
+        failed = [f for f in old["failed_exports"] if f["stack"] not in versions] + failed
+        for r in kept:  # rows measured before the originals were checked
+            broken = _original_fails(ROOT / r["file"])
+            if broken and not any((f["stack"], f["name"], f["exporter"]) == (r["stack"], r["model"], r["exporter"])
+                                  for f in failed):  # fmt: skip
+                error = f"the export does not run on onnxruntime: {broken}"
+                failed.append({"stack": r["stack"], "name": r["model"], "exporter": r["exporter"], "error": error})
+        rows = [r for r in kept if not _original_fails(ROOT / r["file"])] + rows
+        versions = {**old["stacks"], **versions}
+        tools = [t for t in TOOLS if t in tools or t in old["tools"]]
+        seconds += old["seconds"]
+    rows.sort(key=lambda r: (r["stack"], r["exporter"], r["model"], TOOLS.index(r["tool"])))
+    write(rows, failed, versions, tools, args.name, seconds)
     return 0
 
 
