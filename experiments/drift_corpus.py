@@ -54,12 +54,14 @@ STACKS: dict[str, dict[str, str]] = {  # pip requirement per package; month = re
     "2023-12": _pins("4.36.2", "2.1.2", "1.15.0", "0.1.0.dev20231213", "<2"),
     "2024-06": _pins("4.42.4", "2.3.1", "1.16.1", "0.1.0.dev20240615", "<2"),
     "2025-01": _pins("4.48.1", "2.5.1", "1.17.0", "0.1.0", "<2"),
-    "2025-07": _pins("4.53.2", "2.7.1", "1.18.0", "0.3.2"),
+    "2025-07": _pins("4.53.2", "2.7.1", "1.18.0", "0.2.7"),
     "2026-03": _pins("5.3.0", "2.10.0", "1.20.1", "0.6.2"),
     "2026-11": _pins("5.23.0", "2.13.0", "", "0.7.2"),
 }  # fmt: skip
 """onnxscript before 0.1.0 shipped only as dated dev builds: the one of the stack's month (torch's dynamo exporter
-of that time fails on later ones, e.g. 'Unsupported FX nodes: aten.rsub.Scalar' with torch 2.3 + onnxscript 0.1.0)."""
+of that time fails on later ones, e.g. 'Unsupported FX nodes: aten.rsub.Scalar' with torch 2.3 + onnxscript 0.1.0);
+torch 2.7.1 exports nothing with onnxscript 0.3.2 ('The version conversion pass does not support functions') and
+works with 0.2.7."""
 ORDER = ["2024-06", "2023-12", "2025-01", "2025-07", "2026-03", "2026-11"]
 """Build order: the older stacks first (that is where fusion fails)."""
 
