@@ -108,6 +108,38 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
     return feeds
 
 
+def input_dims(model: onnx.ModelProto) -> list[str]:
+    """The symbolic dims of the graph inputs, in order of first use."""
+    names: list[str] = []
+    for inp in model.graph.input:
+        for d in inp.type.tensor_type.shape.dim:
+            name = d.dim_param
+            if name and not name.strip().isdigit() and name not in names:
+                names.append(name)
+    return names
+
+
+def related_bindings(model: onnx.ModelProto, limit: int = 32) -> list[dict[str, int]]:
+    """Candidate bindings for a graph whose inputs' dims are related in ways their names do not say: the
+    dynamo exporter names a KV-cache model's mask length with a symbol of its own (``s53``) that must equal
+    past + new length, so independent sizes make the original itself fail. Each candidate makes one symbolic
+    dim the sum of two other input sizes (symbolic or fixed: the cache relation first) or equal to one; the
+    caller keeps the first binding on which the original runs, so a wrong guess costs one run and can never
+    pass a wrong fusion."""
+    symbols = input_dims(model)
+    distinct = {name: 3 + 2 * i for i, name in enumerate(symbols)}  # pairwise sums never collide with a size
+    fixed = sorted(
+        {d.dim_value for inp in model.graph.input for d in inp.type.tensor_type.shape.dim if d.HasField("dim_value")}
+    )
+    candidates: list[dict[str, int]] = []
+    for target in reversed(symbols):  # the mask's length comes after the ids' and the cache's
+        sizes = [distinct[s] for s in symbols if s != target] + fixed
+        sums = sorted({a + b for i, a in enumerate(sizes) for b in sizes[i + 1 :]} - set(sizes))
+        candidates += [{**distinct, target: total} for total in sums]
+        candidates += [{**distinct, target: size} for size in dict.fromkeys(sizes)]
+    return candidates[:limit]
+
+
 def _padding(shape: list[int]) -> np.ndarray:
     """1 = attend, 0 = padding; the last row of the batch has its final position padded and, in a batch of
     more than one, the first row its first position (left padding, as batched generation pads: under a
@@ -130,7 +162,7 @@ def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = Non
     beside its weights, which onnxruntime maps rather than copies; a large model given whole is written to
     such a file first."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors come back as exceptions, into the report: none printed
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if weights is None and not protos.is_large(model):
         return ort.InferenceSession(model.SerializeToString(), options, providers=_PROVIDERS)
