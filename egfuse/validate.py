@@ -119,24 +119,26 @@ def input_dims(model: onnx.ModelProto) -> list[str]:
     return names
 
 
-def related_bindings(model: onnx.ModelProto, limit: int = 32) -> list[dict[str, int]]:
+def related_bindings(model: onnx.ModelProto, limit: int = 40) -> list[dict[str, int]]:
     """Candidate bindings for a graph whose inputs' dims are related in ways their names do not say: the
     dynamo exporter names a KV-cache model's mask length with a symbol of its own (``s53``) that must equal
-    past + new length, so independent sizes make the original itself fail. Each candidate makes one symbolic
-    dim the sum of two other input sizes (symbolic or fixed: the cache relation first) or equal to one; the
-    caller keeps the first binding on which the original runs, so a wrong guess costs one run and can never
-    pass a wrong fusion."""
+    past + new length; a traced decoder step may only run on one new token. Independent sizes then make the
+    original itself fail. Each candidate rebinds one symbolic dim — to 1, to the sum of two other input sizes
+    (symbolic or fixed), or to another size — the rest bound by name as ``make_feeds`` does (a "total" length
+    follows its parts); the caller keeps the first binding the original runs on, so a wrong guess costs one
+    run and can never pass a wrong fusion."""
     symbols = input_dims(model)
-    distinct = {name: 3 + 2 * i for i, name in enumerate(symbols)}  # pairwise sums never collide with a size
-    fixed = sorted(
-        {d.dim_value for inp in model.graph.input for d in inp.type.tensor_type.shape.dim if d.HasField("dim_value")}
-    )
-    candidates: list[dict[str, int]] = []
+    base: dict[str, int] = {}
+    for name in symbols:
+        bind_dim(name, base)
+    dims = [d for inp in model.graph.input for d in inp.type.tensor_type.shape.dim]
+    fixed = {d.dim_value for d in dims if d.HasField("dim_value")}
+    candidates: list[dict[str, int]] = [{target: 1} for target in symbols if base[target] != 1]
     for target in reversed(symbols):  # the mask's length comes after the ids' and the cache's
-        sizes = [distinct[s] for s in symbols if s != target] + fixed
-        sums = sorted({a + b for i, a in enumerate(sizes) for b in sizes[i + 1 :]} - set(sizes))
-        candidates += [{**distinct, target: total} for total in sums]
-        candidates += [{**distinct, target: size} for size in dict.fromkeys(sizes)]
+        sizes = sorted({base[s] for s in symbols if s != target} | fixed)
+        sums = sorted({a + b for i, a in enumerate(sizes) for b in sizes[i:]} - {base[target]})
+        candidates += [{target: total} for total in sums]
+        candidates += [{target: size} for size in sizes if size not in (1, base[target])]
     return candidates[:limit]
 
 
