@@ -121,13 +121,10 @@ _BROADCASTING = frozenset({
 
 
 def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
+    """A sum of two sizes in the dims' normal form (``s1 + (s1 - s1)·1`` is ``s1``: torch's mask code)."""
     if a is None or b is None:
         return None
-    if b.static == 0:
-        return a
-    if a.static is not None and b.static is not None:
-        return Dim(a.static - b.static if subtract else a.static + b.static)
-    return b if a.static == 0 and not subtract else None
+    return a.plus(b, -1 if subtract else 1)
 
 
 def _uniform(array: np.ndarray | None) -> float | None:
@@ -306,7 +303,7 @@ class GraphFacts:
             a, b = (self.elems(v) for v in node.inputs)
             b = b * len(a) if len(b) == 1 else b
             summed = tuple(_add(p, q, op == "Sub") for p, q in zip(a, b, strict=True)) if len(a) == len(b) else ()
-            if summed and None not in summed:  # monomials add only with a zero (a cache length of 0) or as numbers
+            if summed and None not in summed:
                 self._set_elems(out, summed)
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
@@ -339,6 +336,8 @@ class GraphFacts:
         """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
         symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
         args = [self.const(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(args) >= 2 and args[0] is not None and args[1] is None and self.elems(node.inputs[2]) is not None:
+            return self._cut_to_length(node, shape, args)
         if len(args) < 2 or args[0] is None or args[1] is None:
             return None
         starts, ends = args[0].reshape(-1), args[1].reshape(-1)
@@ -357,6 +356,47 @@ class GraphFacts:
             elif not (int(start) == 0 and int(end) >= 2**31 - 1 and int(step) == 1):
                 out[axis] = None
         return tuple(out)
+
+    def _cut_to_length(self, node: ir.Node, shape: Shape, args: list) -> Shape | None:
+        """``buffer[..., :n]`` with ``n`` a symbolic size read off another tensor (``Shape(x)[1]``, the sequence
+        length): the causal-mask buffers of GPT-2-style attention and the RoPE cos/sin tables cut to the
+        sequence. The result has ``min(n, D) - start`` elements on a static axis of size ``D``; it is taken as
+        ``n - start`` only where ``D`` is a buffer's fixed size (a constant: the model's maximum length), and
+        ``start`` is 0 for a symbolic ``n``. Where ``n > D`` the original fails wherever the cut is combined with
+        an axis of length ``n`` (the broadcast against the scores, the rotation's product with Q), which is
+        all its consumers in attention do — and validation on onnxruntime runs every fused region anyway."""
+        if not self._stored(node.inputs[0]):
+            return None  # only a stored buffer has the fixed "maximum length" the cut stays within
+        starts, ends = args[0].reshape(-1), self.elems(node.inputs[2])
+        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
+        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
+        if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
+            len(args) > 3 and node.inputs[4] is not None and args[3] is None
+        ) or not len(starts) == len(ends) == len(axes) == len(steps):
+            return None
+        out = list(shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis = int(axis) % len(shape)
+            d = shape[axis]
+            if end is None or d is None or int(step) != 1 or d.static is None:
+                return None
+            if end.static is not None:  # a constant end among symbolic ones: exact
+                out[axis] = Dim(len(range(d.static)[slice(int(start), end.static)]))
+            elif int(start) == 0:
+                out[axis] = end
+            else:
+                return None
+        return tuple(out)
+
+    def _stored(self, value: ir.Value | None, depth: int = 8) -> bool:
+        """``value`` is a stored constant, or cut, cast or moved from one (torch slices a buffer axis by axis)."""
+        if value is None or depth < 0:
+            return False
+        if self.weight(value) is not None:
+            return True
+        node = value.producer()
+        moves = ("Slice", "Cast", "Identity", "Unsqueeze", "Squeeze", "Transpose")
+        return node is not None and node.op_type in moves and self._stored(node.inputs[0], depth - 1)
 
     def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
         self._elems[value] = items
@@ -404,6 +444,10 @@ class GraphFacts:
             result = self._sliced_shape(node, ins[0])
         elif op == "SequenceAt":  # torch 2.1's tensor.split(n, dim): SplitToSequence into equal chunks
             result = self._chunk_shape(node)
+        elif op == "Range" and len(node.inputs) == 3 and all(self.elems(v) is not None for v in node.inputs):
+            start, limit, delta = (self.elems(v)[0] if len(self.elems(v)) == 1 else None for v in node.inputs)
+            if start is not None and limit is not None and delta == Dim(1):
+                result = (limit.plus(start, -1),)  # arange(start, n): n - start elements (n ≥ start)
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:

@@ -1,0 +1,77 @@
+"""Shape facts the late-2023 dynamo exports (torch 2.1, transformers 4.36) need: buffers cut to a symbolic
+length, sizes written as sums (``s0*(s1//10) - s0``), ``arange(0, n)`` — each checked by fusing a real
+export and comparing it with the unfused model on onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+import egfuse
+from egfuse.dims import Dim
+from egfuse.facts import GraphFacts
+
+from .conftest import DATA, assert_same_outputs
+
+OLD_DYNAMO = DATA / "old_dynamo"
+
+
+def test_sums_of_products_have_one_normal_form():
+    assert Dim.parse("s0*(s1//10) - s0") == Dim.parse("s0*((s1//10) - 1)")
+    assert Dim.parse("s1").plus(Dim.parse("s1"), -1) == Dim(0)
+    assert Dim.parse("past + seq").plus(Dim.parse("seq"), -1) == Dim.parse("past")
+    assert Dim.parse("4*batch") == Dim(4, ("batch",))
+    doubled = Dim.parse("s1 + 1") * Dim(2)
+    assert doubled == Dim.parse("2 + 2*s1") and doubled.div(Dim(2)) == Dim.parse("1 + s1")
+    assert Dim.parse("s0*s1 - s0").div(Dim.parse("s0")) == Dim.parse("s1 - 1")
+
+
+def _cut_buffer_model(buffer_len: int) -> onnx.ModelProto:
+    """``buffer[:, :S]`` with S read off the input's shape, as GPT-2's causal mask and RoPE tables are cut."""
+    buf = helper.make_tensor("buf", TensorProto.FLOAT, [1, buffer_len], np.arange(buffer_len, dtype=np.float32))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+        helper.make_node("Slice", ["buf", "zero", "shape", "axis"], ["cut"]),
+        helper.make_node("Add", ["x", "cut"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "cut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [buf],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_stored_buffer_cut_to_a_symbolic_length_has_that_length():
+    graph = ir.serde.deserialize_model(_cut_buffer_model(64)).graph
+    facts = GraphFacts(graph)
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    assert facts.shape(cut) == (Dim(1), Dim(1, ("S",)))
+
+
+def test_a_computed_tensor_cut_to_a_symbolic_length_is_not_claimed():
+    model = _cut_buffer_model(64)
+    model.graph.node.insert(0, helper.make_node("Relu", ["buf"], ["buf_relu"]))
+    next(n for n in model.graph.node if n.op_type == "Slice").input[0] = "buf_relu"
+    graph = ir.serde.deserialize_model(model).graph
+    facts = GraphFacts(graph)
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    assert facts.shape(cut) is None or facts.shape(cut)[1] != Dim(1, ("S",))
+
+
+@pytest.mark.parametrize("name", ["gpt2_eager", "gpt_neo_eager"])
+def test_causal_buffer_cut_to_the_sequence_fuses(name, target):
+    """torch 2.1's dynamo export: the ``bias`` buffer sliced to ``Shape(input_ids)[1]`` under a ``Where``
+    (and GPT-Neo's ``arange(0, S) < S + (S - S)`` mask arithmetic) are (S, S) facts."""
+    path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
