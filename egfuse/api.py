@@ -378,7 +378,12 @@ def _fuse_once(
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
     facts = GraphFacts(graph)
-    if functions.fold_constant_ifs(graph, facts):
+    for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
+        if not functions.fold_constant_ifs(graph, facts):
+            break
+        if weights is None:  # the branches' ops had no shapes (an If's output has none): infer them now
+            model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
+            graph = model.graph
         facts = GraphFacts(graph)
     # Rotations first: their outputs become plain values to the attention regions found after them.
     rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)

@@ -9,6 +9,7 @@ them unused.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -65,7 +66,19 @@ def _result_size(op: str, ins: list) -> float:
             return float(np.prod([float(d) for d in ins[0].reshape(-1)]))
         if op == "Range":
             return max(0.0, np.ceil((float(ins[1]) - float(ins[0])) / float(ins[2])))
-        if op in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Where"):
+        if op in (
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Pow",
+            "Equal",
+            "Where",
+            "Greater",
+            "Less",
+            "GreaterOrEqual",
+            "LessOrEqual",
+        ):
             return float(np.prod(np.broadcast_shapes(*(np.shape(x) for x in ins))))
     except (ValueError, ZeroDivisionError, TypeError):
         return float("inf")
@@ -86,6 +99,24 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Div": lambda n, x: _np_div(x[0], x[1]),
     "Pow": lambda n, x: np.power(x[0], x[1]).astype(x[0].dtype),
     "Equal": lambda n, x: np.equal(x[0], x[1]),
+    "Greater": lambda n, x: np.greater(x[0], x[1]),
+    "Less": lambda n, x: np.less(x[0], x[1]),
+    "GreaterOrEqual": lambda n, x: np.greater_equal(x[0], x[1]),
+    "LessOrEqual": lambda n, x: np.less_equal(x[0], x[1]),
+    "Not": lambda n, x: np.logical_not(x[0]),
+    "And": lambda n, x: np.logical_and(x[0], x[1]),
+    "Or": lambda n, x: np.logical_or(x[0], x[1]),
+    "Sign": lambda n, x: np.sign(x[0]),
+    "Log": lambda n, x: np.log(x[0]),
+    "Exp": lambda n, x: np.exp(x[0]),
+    "Ceil": lambda n, x: np.ceil(x[0]),
+    "Floor": lambda n, x: np.floor(x[0]),
+    "Max": lambda n, x: functools.reduce(np.maximum, x),
+    "Min": lambda n, x: functools.reduce(np.minimum, x),
+    "Expand": lambda n, x: x[0] * np.ones([int(d) for d in x[1]], x[0].dtype),
+    "Transpose": lambda n, x: np.transpose(x[0], _attr(n, "perm")),
+    "Size": lambda n, x: np.array(np.size(x[0]), np.int64),
+    "Shape": lambda n, x: np.array(np.shape(x[0])[_attr(n, "start", 0) : _attr(n, "end", None)], np.int64),
     "Where": lambda n, x: np.where(x[0], x[1], x[2]),
     "Concat": lambda n, x: np.concatenate(x, axis=_attr(n, "axis", 0)),
     "Gather": lambda n, x: np.take(x[0], x[1], axis=_attr(n, "axis", 0)),
@@ -107,7 +138,7 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
 # shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
 SAME_SHAPE = frozenset({
     "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
-    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "LayerNormalization", "SkipLayerNormalization",
+    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
 })  # fmt: skip
 
@@ -135,6 +166,7 @@ def _uniform(array: np.ndarray | None) -> float | None:
 
 
 def _unsqueezed(shape: tuple[int, ...], axes) -> tuple[int, ...]:
+    axes = np.asarray(axes).reshape(-1)  # torch 2.1's dynamo export passes one axis as a 0-d tensor
     out = list(shape)
     rank = len(shape) + len(axes)
     for a in sorted(int(a) % rank for a in axes):
@@ -370,9 +402,11 @@ class GraphFacts:
         starts, ends = args[0].reshape(-1), self.elems(node.inputs[2])
         axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
         steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
-        if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
-            len(args) > 3 and node.inputs[4] is not None and args[3] is None
-        ) or not len(starts) == len(ends) == len(axes) == len(steps):
+        if (
+            (len(args) > 2 and node.inputs[3] is not None and args[2] is None)
+            or (len(args) > 3 and node.inputs[4] is not None and args[3] is None)
+            or not len(starts) == len(ends) == len(axes) == len(steps)
+        ):
             return None
         out = list(shape)
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
@@ -454,6 +488,12 @@ class GraphFacts:
             repeats = self.elems(node.inputs[1])
             if len(repeats) == len(ins[0]):
                 result = tuple(None if d is None or r is None else d * r for d, r in zip(ins[0], repeats, strict=True))
+        elif op == "Squeeze" and ins and ins[0] is not None:  # torchlib's squeeze, its If folded
+            axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
+            if axes is not None:
+                drop = {int(a) % len(ins[0]) for a in np.asarray(axes).reshape(-1)}
+                if all(ins[0][a] == Dim(1) for a in drop):
+                    result = tuple(d for i, d in enumerate(ins[0]) if i not in drop)
         elif op == "Unsqueeze" and ins and ins[0] is not None:
             axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
             if axes is not None:

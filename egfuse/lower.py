@@ -159,6 +159,11 @@ class Lowerer:
             if ins[0].dtype is not None and int(ins[0].dtype) == to:
                 return args[0]  # a cast to the dtype it already has is the identity
             return self._call("cast", args[0], str(to))
+        if op == "CastLike" and ins[1] is not None and ins[1].dtype is not None:
+            to = int(ins[1].dtype)  # a Cast to the like-operand's dtype (torch 2.1's softmax ends in one)
+            if ins[0].dtype is not None and int(ins[0].dtype) == to:
+                return args[0]
+            return self._call("cast", args[0], str(to))
         if op == "Softmax":
             return self._softmax(node, args[0])
         if op == "Transpose":

@@ -38,9 +38,11 @@ DTYPES = ("float32", "float16")
 MATMULS = ("plain", "batched_3d")
 """How the two attention MatMuls are written: one 4D MatMul, or as torch 2.1–2.4's dynamo exporter decomposes
 it: ``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·)."""
-DROPOUTS = ("none", "plain", "ratio", "training_false")
+DROPOUTS = ("none", "plain", "ratio", "training_false", "castlike")
 """An inference Dropout between the softmax and ``·V``: no extra input, a ratio input (and the unused mask
-output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout."""
+output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout;
+or none but torch 2.1's ``CastLike``s: the probabilities cast like themselves, and read as the "like" operand
+of a fill's cast (its dtype only)."""
 ROPE_TABLES = ("inputs", "positions")
 """Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
 must stay as it is) or computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable)."""
@@ -491,6 +493,9 @@ def _dropout(b: _Builder, v: Variant, p: str) -> str:
         return p
     if v.dropout == "plain":
         return b.op("Dropout", [p])
+    if v.dropout == "castlike":
+        b.op("CastLike", [b.const(np.array(0, np.int64), "fill"), p])  # its value unused: dtype bookkeeping
+        return b.op("CastLike", [p, p])
 
     def constant(array: np.ndarray) -> str:
         out = b.name("constant")

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
+from egfuse.testing import Variant, attention_model, feeds_for
 
 from .conftest import DATA, assert_same_outputs
 
@@ -75,3 +76,62 @@ def test_causal_buffer_cut_to_the_sequence_fuses(name, target):
     assert result.report.fused == len(result.report.regions) == 2, str(result.report)
     assert result.report.validated is True
     assert_same_outputs(model, result.model, feeds)
+
+
+def test_probabilities_cast_like_themselves_fuse(target):
+    """torch 2.1: ``CastLike(p, p)`` after the softmax is the identity, a ``CastLike(fill, p)`` reads p's dtype
+    only — neither is a step between the probabilities and ``·V``."""
+    model = attention_model(Variant(dropout="castlike"))
+    assert sum(n.op_type == "CastLike" for n in model.graph.node) == 2
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def _nested_constant_ifs() -> onnx.ModelProto:
+    """``If(4 > 0)`` whose taken branch holds ``If(Equal(Size(Shape(x)), 0))`` — torchlib's squeeze/gather
+    wrappers — around a Softmax: both conditions are known, so the softmax is a plain op of the graph."""
+    inner_then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t_in"])], "t", [], [helper.make_tensor_value_info("t_in", 1, None)]
+    )
+    inner_else = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["e_in"], axis=-1)],
+        "e",
+        [],
+        [helper.make_tensor_value_info("e_in", 1, None)],
+    )
+    outer_then = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Size", ["shape"], ["rank"]),
+            helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+            helper.make_node("Equal", ["rank", "zero"], ["is_scalar"]),
+            helper.make_node("If", ["is_scalar"], ["o_in"], then_branch=inner_then, else_branch=inner_else),
+        ],
+        "ot", [], [helper.make_tensor_value_info("o_in", 1, None)],
+    )  # fmt: skip
+    outer_else = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["o_else"])], "oe", [], [helper.make_tensor_value_info("o_else", 1, None)]
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["four"], value=helper.make_tensor("f", TensorProto.INT64, [], [4])),
+        helper.make_node("Constant", [], ["nil"], value=helper.make_tensor("n", TensorProto.INT64, [], [0])),
+        helper.make_node("Greater", ["four", "nil"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=outer_then, else_branch=outer_else),
+    ]
+    graph = helper.make_graph(
+        nodes, "ifs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nested_ifs_on_known_conditions_are_their_branches():
+    from egfuse import functions
+
+    graph = ir.serde.deserialize_model(_nested_constant_ifs()).graph
+    for _ in range(3):
+        if not functions.fold_constant_ifs(graph, GraphFacts(graph)):
+            break
+    assert [n.op_type for n in graph if n.op_type in ("If", "Softmax")] == ["Softmax"]
