@@ -377,6 +377,9 @@ def _fuse_once(
     graph = model.graph
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
+    if functions.concat_sequences(graph) and weights is None:
+        model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
+        graph = model.graph
     facts = GraphFacts(graph)
     for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
         if not functions.fold_constant_ifs(graph, facts):

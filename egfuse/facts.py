@@ -482,6 +482,16 @@ class GraphFacts:
             start, limit, delta = (self.elems(v)[0] if len(self.elems(v)) == 1 else None for v in node.inputs)
             if start is not None and limit is not None and delta == Dim(1):
                 result = (limit.plus(start, -1),)  # arange(start, n): n - start elements (n ≥ start)
+        elif op == "GatherND" and len(ins) == 2 and ins[0] is not None and ins[1] is not None and ins[1]:
+            depth, batch = ins[1][-1], int(_attr(node, "batch_dims", 0))  # torch 2.1's x[index] (RoPE's cos[ids])
+            if depth is not None and depth.static is not None:
+                result = (*ins[1][:-1], *ins[0][batch + depth.static :])
+        elif op == "Concat" and ins and all(s is not None and len(s) == len(ins[0]) for s in ins):
+            axis = int(_attr(node, "axis", 0)) % len(ins[0]) if ins[0] else 0
+            total: Dim | None = Dim(0)
+            for s in ins:
+                total = None if total is None or s[axis] is None else total.plus(s[axis])
+            result = tuple(total if i == axis else d for i, d in enumerate(ins[0])) if ins[0] else None
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:

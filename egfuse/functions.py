@@ -170,6 +170,33 @@ def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
     return folded
 
 
+def concat_sequences(graph: ir.Graph) -> int:
+    """Replace ``ConcatFromSequence(SequenceConstruct(a, b, …), axis)`` (no new axis) by ``Concat(a, b, …, axis)``:
+    torch 2.1's dynamo exporter writes ``torch.cat`` so (RoPE's rotate_half), and the two are the same tensor.
+    Returns how many were replaced."""
+    replaced = 0
+    for node in list(graph):
+        if node.op_type != "ConcatFromSequence" or node.domain not in ("", "ai.onnx"):
+            continue
+        attr = node.attributes.get("new_axis")
+        seq = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if (attr is not None and attr.value) or seq is None or seq.op_type != "SequenceConstruct":
+            continue
+        axis = ir.AttrInt64("axis", node.attributes["axis"].value)
+        concat = ir.Node("", "Concat", list(seq.inputs), attributes=[axis], name=node.name)
+        concat.outputs[0].dtype = node.outputs[0].dtype
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=[concat],
+            old_values=node.outputs,
+            new_values=concat.outputs,
+        )
+        replaced += 1
+    return replaced
+
+
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Identity", "Cast", "CastLike", "Neg", "Sqrt"})
 
 

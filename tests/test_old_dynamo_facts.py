@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
-from egfuse.testing import Variant, attention_model, feeds_for
+from egfuse.testing import CONCATS, Variant, attention_model, feeds_for
 
 from .conftest import DATA, assert_same_outputs
 
@@ -135,3 +135,31 @@ def test_nested_ifs_on_known_conditions_are_their_branches():
         if not functions.fold_constant_ifs(graph, GraphFacts(graph)):
             break
     assert [n.op_type for n in graph if n.op_type in ("If", "Softmax")] == ["Softmax"]
+
+
+@pytest.mark.parametrize("concat", CONCATS)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_from_stored_tables_cut_to_the_sequence_fuses(concat, interleaved, target):
+    """transformers 4.36's ``cos_cached[:seq_len]`` (a Slice of a stored table whose end is ``Shape(x)[1]``) and
+    torch 2.1's ``torch.cat`` as ``ConcatFromSequence(SequenceConstruct(…))`` in rotate_half."""
+    v = Variant(rope=True, rope_tables="buffer", concat=concat, rope_interleaved=interleaved, k_layout="transpose_0213")
+    model = attention_model(v)
+    assert (concat == "sequence") == any(n.op_type == "ConcatFromSequence" for n in model.graph.node)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("name", ["llama_eager"])
+def test_rope_of_torch21_dynamo_export_fuses(name, target):
+    """The real late-2023 export: RoPE tables cut with a symbolic Slice, gathered by ``GatherND``, rotate_half
+    concatenated from a sequence, and the causal mask built from ``arange`` arithmetic."""
+    path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
