@@ -163,3 +163,46 @@ def test_rope_of_torch21_dynamo_export_fuses(name, target):
     assert result.report.fused == len(result.report.regions) == 2, str(result.report)
     assert result.report.validated is True
     assert_same_outputs(model, result.model, feeds)
+
+
+def _torchlib_gather() -> onnx.ModelProto:
+    """torch 2.1's aten_gather: ``If(Size(i) == 0, CastLike(i, x), GatherElements(x, Cast(i)))``."""
+    then = helper.make_graph(
+        [helper.make_node("CastLike", ["i", "x"], ["t_out"])],
+        "t",
+        [],
+        [helper.make_tensor_value_info("t_out", 1, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["i64"], to=TensorProto.INT64),
+         helper.make_node("GatherElements", ["x", "i64"], ["e_out"], axis=1)],
+        "e", [], [helper.make_tensor_value_info("e_out", 1, None)],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("Size", ["i"], ["size"]),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+        helper.make_node("Equal", ["size", "zero"], ["empty"]),
+        helper.make_node("If", ["empty"], ["y"], then_branch=then, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes, "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 6]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_torchlib_gather_if_is_its_gather():
+    """Both branches give a tensor of i's shape, empty when i is: the If is the GatherElements (checked on
+    onnxruntime, an empty index included)."""
+    from egfuse import functions, validate
+
+    model = ir.serde.deserialize_model(_torchlib_gather())
+    assert functions.fold_constant_ifs(model.graph, GraphFacts(model.graph)) == 1
+    assert [n.op_type for n in model.graph] == ["Size", "Constant", "Equal", "Cast", "GatherElements"]
+    folded = ir.serde.serialize_model(model)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for i in (np.array([[5, 0, 3], [1, 1, 2]], np.int64), np.zeros((2, 0), np.int64)):
+        expected, actual = validate.run(_torchlib_gather(), {"x": x, "i": i}), validate.run(folded, {"x": x, "i": i})
+        np.testing.assert_array_equal(expected["y"], actual["y"])
