@@ -228,7 +228,10 @@ class GraphFacts:
             return None
         if value in self._shape:
             return self._shape[value]
-        return shape_of(value)
+        inferred = shape_of(value)
+        if inferred is None and value in self._const:  # a value this evaluation computed: its array's shape
+            return tuple(Dim(int(d)) for d in self._const[value].shape)
+        return inferred
 
     def rank(self, value: ir.Value | None) -> int | None:
         s = self.shape(value)
