@@ -206,3 +206,44 @@ def test_torchlib_gather_if_is_its_gather():
     for i in (np.array([[5, 0, 3], [1, 1, 2]], np.int64), np.zeros((2, 0), np.int64)):
         expected, actual = validate.run(_torchlib_gather(), {"x": x, "i": i}), validate.run(folded, {"x": x, "i": i})
         np.testing.assert_array_equal(expected["y"], actual["y"])
+
+
+def test_a_mask_folded_to_a_constant_keeps_its_shape():
+    """A static causal mask (``arange(7)[:, None] < arange(7)``, a fixed-length export) is evaluated to a
+    constant; its (7, 7) shape stays a fact though ONNX shape inference left it unknown."""
+    positions = helper.make_tensor("pos", TensorProto.INT64, [7], list(range(7)))
+    nodes = [
+        helper.make_node("Unsqueeze", ["pos", "one"], ["rows"]),
+        helper.make_node("Unsqueeze", ["pos", "zero"], ["cols"]),
+        helper.make_node("Less", ["rows", "cols"], ["future"]),
+        helper.make_node("Where", ["future", "fill", "nil"], ["mask"]),
+        helper.make_node("Add", ["x", "mask"], ["y"]),
+    ]
+    inits = [
+        positions,
+        helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("fill", TensorProto.FLOAT, [], [-1e9]),
+        helper.make_tensor("nil", TensorProto.FLOAT, [], [0.0]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    graph = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).graph
+    facts = GraphFacts(graph)
+    mask = next(n for n in graph if n.op_type == "Where").outputs[0]
+    assert facts.const(mask) is not None and facts.shape(mask) == (Dim(7), Dim(7))
+
+
+def test_wav2vec2_dims_written_as_sums_fuse(target):
+    """torch 2.3's wav2vec2 export: the convolution's output length times the batch appears as
+    ``s0*(s1//10) - s0`` and as ``s0*((s1//10) - 1)``; one normal form makes the head reshapes read."""
+    path = OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
