@@ -138,7 +138,8 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
 # shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
 SAME_SHAPE = frozenset({
     "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
-    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "LayerNormalization", "SkipLayerNormalization",
+    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "Trilu", "Sign", "Ceil", "Floor",
+    "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
 })  # fmt: skip
 
