@@ -153,10 +153,17 @@ _BROADCASTING = frozenset({
 
 
 def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
-    """A sum of two sizes in the dims' normal form (``s1 + (s1 - s1)·1`` is ``s1``: torch's mask code)."""
+    """A sum of two sizes where it is a size already named: numbers, a zero term, or terms that cancel
+    (``s1 + (s1 - s1)·1`` is ``s1``: torch's mask code). A new sum (``past + seq``) stays unknown: the
+    exporter has its own name for that length (``total``), and two names for one size would disagree."""
     if a is None or b is None:
         return None
-    return a.plus(b, -1 if subtract else 1)
+    if b.static == 0:
+        return a
+    if a.static == 0 and not subtract:
+        return b
+    total = a.plus(b, -1 if subtract else 1)
+    return None if total.summed else total
 
 
 def _uniform(array: np.ndarray | None) -> float | None:
@@ -485,16 +492,20 @@ class GraphFacts:
         elif op == "Range" and len(node.inputs) == 3 and all(self.elems(v) is not None for v in node.inputs):
             start, limit, delta = (self.elems(v)[0] if len(self.elems(v)) == 1 else None for v in node.inputs)
             if start is not None and limit is not None and delta == Dim(1):
-                result = (limit.plus(start, -1),)  # arange(start, n): n - start elements (n ≥ start)
+                count = limit.plus(start, -1)  # arange(start, n): n - start elements (n ≥ start)
+                result = None if count.summed else (count,)
         elif op == "GatherND" and len(ins) == 2 and ins[0] is not None and ins[1] is not None and ins[1]:
             depth, batch = ins[1][-1], int(_attr(node, "batch_dims", 0))  # torch 2.1's x[index] (RoPE's cos[ids])
             if depth is not None and depth.static is not None:
                 result = (*ins[1][:-1], *ins[0][batch + depth.static :])
         elif op == "Concat" and ins and all(s is not None and len(s) == len(ins[0]) for s in ins):
             axis = int(_attr(node, "axis", 0)) % len(ins[0]) if ins[0] else 0
-            total: Dim | None = Dim(0)
-            for s in ins:
-                total = None if total is None or s[axis] is None else total.plus(s[axis])
+            # The axis adds up only where that names no new size: all parts static, or one part. A cache's
+            # past + new keys stay the exporter's (or shape inference's) name for the total length.
+            sizes = [s[axis] for s in ins]
+            total: Dim | None = sizes[0] if len(sizes) == 1 else None
+            if len(sizes) > 1 and all(d is not None and d.static is not None for d in sizes):
+                total = Dim(sum(d.static for d in sizes))
             result = tuple(total if i == axis else d for i, d in enumerate(ins[0])) if ins[0] else None
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
