@@ -741,6 +741,10 @@ def _compatible(choices: dict) -> dict:
     draw is wasted): cross-attention has no causal mask, self cache or RoPE, and the ops that need (B, N, T, H)
     keys (repeat_kv, the cache, RoPE) get them from the (0, 1, 3, 2) layout."""
     c = dict(choices)
+    if c["rope_tables"] == "buffer" and (not c["symbolic"] or c["past"]):
+        # A cut to a fixed length is a constant table, and past a cache the cut starts at the past length:
+        # neither is the transformers 4.36 spelling this value draws (positions cover those tables).
+        c["rope_tables"] = "positions"
     if c["cross"]:
         c["causal"], c["past"], c["rope"] = "none", False, False
     kv = c["kv_heads"] or c["heads"]
