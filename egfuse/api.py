@@ -377,8 +377,16 @@ def _fuse_once(
     graph = model.graph
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
+    if functions.concat_sequences(graph) and weights is None:
+        model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
+        graph = model.graph
     facts = GraphFacts(graph)
-    if functions.fold_constant_ifs(graph, facts):
+    for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
+        if not functions.fold_constant_ifs(graph, facts):
+            break
+        if weights is None:  # the branches' ops had no shapes (an If's output has none): infer them now
+            model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
+            graph = model.graph
         facts = GraphFacts(graph)
     # Rotations first: their outputs become plain values to the attention regions found after them.
     rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)
@@ -587,15 +595,17 @@ def _original_outputs(
     original: onnx.ModelProto, feeds: dict | None, names: list[str], weights: protos.DetachedWeights | None
 ) -> tuple[dict, dict]:
     """The feeds validation uses and the original's outputs on them: the user's feeds, or generated ones —
-    with dims bound independently, else (when the original fails on those) the first related binding it runs
-    on (``validate.related_bindings``). Raises the first failure when none runs."""
+    with dims bound independently, else (when the original fails on those) longer ones (``validate.long_dims``)
+    or the first related binding it runs on (``validate.related_bindings``). Raises the first failure when none
+    runs."""
     if feeds is not None:
         return feeds, validate.run(original, feeds, names, weights=weights)
     data = validate.make_feeds(original)
     try:
         return data, validate.run(original, data, names, weights=weights)
     except Exception as first:
-        for dims in validate.related_bindings(original):
+        # longer inputs first (a speech front end's strided convolutions), then related dims
+        for dims in [validate.long_dims(original, 80), *validate.related_bindings(original)]:
             data = validate.make_feeds(original, dims=dims)
             try:
                 return data, validate.run(original, data, names, weights=weights)

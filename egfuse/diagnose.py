@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
-from egfuse.regions import VOCABULARY, Region
+from egfuse.regions import VOCABULARY, Region, reads_type_only
 from egfuse.session import EClass, ENode
 
 _PASS_THROUGH = ("Transpose", "Reshape", "Mul", "Div", "Cast")
@@ -223,7 +223,7 @@ def _where_forward_stops(softmax: ir.Node, members: set[ir.Node]) -> str:
     of the region — the step between the probabilities and ``·V`` that was not understood."""
     value = softmax.outputs[0]
     for _ in range(8):
-        users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
+        users = [use.node for use in value.uses() if not reads_type_only(use.node, value)]
         outside = [n for n in users if n not in members]
         if outside:
             node = outside[0]

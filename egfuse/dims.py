@@ -1,12 +1,15 @@
 """Symbolic dimensions: just enough algebra to read what a Reshape means.
 
-A dim is a monomial ``coef · sym₁ · sym₂ …`` (``Dim``) or unknown (``None``). Exported graphs multiply and
-divide dims (batch·heads, hidden/heads) but never add them inside the attention layout, so monomials are
-exact for everything the lowering has to decide.
+A dim is a monomial ``coef · sym₁ · sym₂ …`` (``Dim``) or unknown (``None``). Exported graphs mostly multiply
+and divide dims (batch·heads, hidden/heads); where they add (``s0*(s1//10) - s0``: a convolution's output
+length times the batch, written differently by shape inference and by the exporter), the sum is brought to a
+normal form — a polynomial over atoms (symbols, and floor quotients kept whole) with its terms in a fixed
+order — and carried as one symbol holding that form's text, so two spellings of one size compare equal.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import dataclass
 
@@ -35,17 +38,19 @@ class Dim:
     @staticmethod
     @functools.lru_cache(maxsize=4096)
     def parse(text: str) -> Dim:
-        """A product as exporters write it ("4*batch", "s0*s1"); anything else is one opaque symbol."""
+        """A product as exporters write it ("4*batch", "s0*s1"), a sum of products in its normal form
+        ("s0*(s1//10) - s0"); anything else is one opaque symbol."""
         factors = [f.strip() for f in text.split("*")]
-        if "+" in text or "-" in text or "/" in text or not all(factors):
-            return Dim(1, (text,))
-        coef, syms = 1, []
-        for f in factors:
-            if f.isdigit():
-                coef *= int(f)
-            else:
-                syms.append(f)
-        return Dim(coef, tuple(sorted(syms)))
+        if not any(c in text for c in "+-/()") and all(factors):
+            coef, syms = 1, []
+            for f in factors:
+                if f.isdigit():
+                    coef *= int(f)
+                else:
+                    syms.append(f)
+            return Dim(coef, tuple(sorted(syms)))
+        poly = _parse_poly(text)
+        return Dim(1, (text,)) if poly is None else _from_poly(poly)
 
     @property
     def invented(self) -> bool:
@@ -57,11 +62,33 @@ class Dim:
     def static(self) -> int | None:
         return None if self.syms else self.coef
 
+    @property
+    def summed(self) -> bool:
+        """A sum of products carried as its normal form's text (see the module docstring)."""
+        return any(_is_sum(sym) for sym in self.syms)
+
     def __mul__(self, other: Dim) -> Dim:
+        if self.summed or other.summed:
+            return _from_poly(_poly_mul(_to_poly(self), _to_poly(other)))
         return Dim(self.coef * other.coef, tuple(sorted(self.syms + other.syms)))
+
+    def plus(self, other: Dim, sign: int = 1) -> Dim:
+        """``self + sign·other`` in the normal form: a monomial again wherever the terms cancel or merge."""
+        poly = dict(_to_poly(self))
+        for term, coef in _to_poly(other).items():
+            poly[term] = poly.get(term, 0) + sign * coef
+        return _from_poly(poly)
 
     def div(self, other: Dim) -> Dim | None:
         """Exact quotient, or ``None`` when ``other`` does not divide ``self``."""
+        if (self.summed or other.summed) and not other.summed:
+            quotient = {}
+            for term, coef in _to_poly(self).items():  # a sum divided by a monomial: term by term
+                q = Dim(coef, term).div(other)
+                if q is None or q.summed:
+                    return None
+                quotient[q.syms] = q.coef
+            return _from_poly(quotient)
         if other.coef == 0 or self.coef % other.coef:
             return None
         rest = list(self.syms)
@@ -79,6 +106,97 @@ class Dim:
 
 
 Shape = tuple[Dim | None, ...]
+
+Poly = dict[tuple[str, ...], int]  # sorted atoms of a term → its coefficient
+
+
+def _is_sum(sym: str) -> bool:
+    return " + " in sym or " - " in sym or sym.startswith("-")
+
+
+def _to_poly(d: Dim) -> Poly:
+    poly: Poly = {(): d.coef}
+    for sym in d.syms:
+        factor = _parse_poly(sym) if _is_sum(sym) else None
+        poly = _poly_mul(poly, factor if factor is not None else {(sym,): 1})
+    return poly
+
+
+def _poly_mul(a: Poly, b: Poly) -> Poly:
+    out: Poly = {}
+    for ta, ca in a.items():
+        for tb, cb in b.items():
+            term = tuple(sorted(ta + tb))
+            out[term] = out.get(term, 0) + ca * cb
+    return out
+
+
+def _term_text(term: tuple[str, ...], coef: int) -> str:
+    if not term:
+        return str(coef)
+    return "*".join(term) if coef == 1 else f"{coef}*" + "*".join(term)
+
+
+def _from_poly(poly: Poly) -> Dim:
+    terms = sorted(((t, c) for t, c in poly.items() if c), key=lambda tc: (-len(tc[0]), tc[0]))
+    if not terms:
+        return Dim(0)
+    if len(terms) == 1:
+        term, coef = terms[0]
+        return Dim(coef, term)
+    text = _term_text(*terms[0])
+    for term, coef in terms[1:]:
+        text += f" - {_term_text(term, -coef)}" if coef < 0 else f" + {_term_text(term, coef)}"
+    return Dim(1, (text,))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_poly(text: str) -> Poly | None:
+    """A dim's text as a polynomial (``+ - *`` and integers over names; a floor quotient, ``/`` or a call is one
+    atom written from its operands' normal forms); ``None`` where the text is no such expression."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def walk(node: ast.AST) -> Poly | None:
+        if isinstance(node, ast.Name):
+            return {(node.id,): 1}
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return {(): node.value}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = walk(node.operand)
+            return None if inner is None else {t: -c for t, c in inner.items()}
+        if isinstance(node, ast.BinOp):
+            a, b = walk(node.left), walk(node.right)
+            if a is None or b is None:
+                return None
+            if isinstance(node.op, ast.Mult):
+                return _poly_mul(a, b)
+            if isinstance(node.op, ast.Add | ast.Sub):
+                sign = 1 if isinstance(node.op, ast.Add) else -1
+                out = dict(a)
+                for t, c in b.items():
+                    out[t] = out.get(t, 0) + sign * c
+                return out
+            op = {ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%"}.get(type(node.op))
+            if op is None:
+                return None
+            atom = f"({_atom_text(a)}){op}({_atom_text(b)})"
+            return {(atom,): 1}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+            args = [walk(arg) for arg in node.args]
+            if any(arg is None for arg in args):
+                return None
+            return {(f"{node.func.id}(" + ", ".join(_atom_text(arg) for arg in args) + ")",): 1}  # type: ignore[arg-type]
+        return None
+
+    return walk(tree)
+
+
+def _atom_text(poly: Poly) -> str:
+    d = _from_poly(poly)
+    return str(d)
 
 
 def shape_of(value: ir.Value) -> Shape | None:

@@ -9,6 +9,7 @@ them unused.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -65,7 +66,19 @@ def _result_size(op: str, ins: list) -> float:
             return float(np.prod([float(d) for d in ins[0].reshape(-1)]))
         if op == "Range":
             return max(0.0, np.ceil((float(ins[1]) - float(ins[0])) / float(ins[2])))
-        if op in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Where"):
+        if op in (
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Pow",
+            "Equal",
+            "Where",
+            "Greater",
+            "Less",
+            "GreaterOrEqual",
+            "LessOrEqual",
+        ):
             return float(np.prod(np.broadcast_shapes(*(np.shape(x) for x in ins))))
     except (ValueError, ZeroDivisionError, TypeError):
         return float("inf")
@@ -86,6 +99,24 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Div": lambda n, x: _np_div(x[0], x[1]),
     "Pow": lambda n, x: np.power(x[0], x[1]).astype(x[0].dtype),
     "Equal": lambda n, x: np.equal(x[0], x[1]),
+    "Greater": lambda n, x: np.greater(x[0], x[1]),
+    "Less": lambda n, x: np.less(x[0], x[1]),
+    "GreaterOrEqual": lambda n, x: np.greater_equal(x[0], x[1]),
+    "LessOrEqual": lambda n, x: np.less_equal(x[0], x[1]),
+    "Not": lambda n, x: np.logical_not(x[0]),
+    "And": lambda n, x: np.logical_and(x[0], x[1]),
+    "Or": lambda n, x: np.logical_or(x[0], x[1]),
+    "Sign": lambda n, x: np.sign(x[0]),
+    "Log": lambda n, x: np.log(x[0]),
+    "Exp": lambda n, x: np.exp(x[0]),
+    "Ceil": lambda n, x: np.ceil(x[0]),
+    "Floor": lambda n, x: np.floor(x[0]),
+    "Max": lambda n, x: functools.reduce(np.maximum, x),
+    "Min": lambda n, x: functools.reduce(np.minimum, x),
+    "Expand": lambda n, x: x[0] * np.ones([int(d) for d in x[1]], x[0].dtype),
+    "Transpose": lambda n, x: np.transpose(x[0], _attr(n, "perm")),
+    "Size": lambda n, x: np.array(np.size(x[0]), np.int64),
+    "Shape": lambda n, x: np.array(np.shape(x[0])[_attr(n, "start", 0) : _attr(n, "end", None)], np.int64),
     "Where": lambda n, x: np.where(x[0], x[1], x[2]),
     "Concat": lambda n, x: np.concatenate(x, axis=_attr(n, "axis", 0)),
     "Gather": lambda n, x: np.take(x[0], x[1], axis=_attr(n, "axis", 0)),
@@ -107,7 +138,8 @@ _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
 # shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
 SAME_SHAPE = frozenset({
     "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
-    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "LayerNormalization", "SkipLayerNormalization",
+    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "Trilu", "Sign", "Ceil", "Floor",
+    "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
 })  # fmt: skip
 
@@ -121,13 +153,17 @@ _BROADCASTING = frozenset({
 
 
 def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
+    """A sum of two sizes where it is a size already named: numbers, a zero term, or terms that cancel
+    (``s1 + (s1 - s1)·1`` is ``s1``: torch's mask code). A new sum (``past + seq``) stays unknown: the
+    exporter has its own name for that length (``total``), and two names for one size would disagree."""
     if a is None or b is None:
         return None
     if b.static == 0:
         return a
-    if a.static is not None and b.static is not None:
-        return Dim(a.static - b.static if subtract else a.static + b.static)
-    return b if a.static == 0 and not subtract else None
+    if a.static == 0 and not subtract:
+        return b
+    total = a.plus(b, -1 if subtract else 1)
+    return None if total.summed else total
 
 
 def _uniform(array: np.ndarray | None) -> float | None:
@@ -138,6 +174,7 @@ def _uniform(array: np.ndarray | None) -> float | None:
 
 
 def _unsqueezed(shape: tuple[int, ...], axes) -> tuple[int, ...]:
+    axes = np.asarray(axes).reshape(-1)  # torch 2.1's dynamo export passes one axis as a 0-d tensor
     out = list(shape)
     rank = len(shape) + len(axes)
     for a in sorted(int(a) % rank for a in axes):
@@ -199,7 +236,10 @@ class GraphFacts:
             return None
         if value in self._shape:
             return self._shape[value]
-        return shape_of(value)
+        inferred = shape_of(value)
+        if inferred is None and value in self._const:  # a value this evaluation computed: its array's shape
+            return tuple(Dim(int(d)) for d in self._const[value].shape)
+        return inferred
 
     def rank(self, value: ir.Value | None) -> int | None:
         s = self.shape(value)
@@ -306,7 +346,7 @@ class GraphFacts:
             a, b = (self.elems(v) for v in node.inputs)
             b = b * len(a) if len(b) == 1 else b
             summed = tuple(_add(p, q, op == "Sub") for p, q in zip(a, b, strict=True)) if len(a) == len(b) else ()
-            if summed and None not in summed:  # monomials add only with a zero (a cache length of 0) or as numbers
+            if summed and None not in summed:
                 self._set_elems(out, summed)
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
@@ -339,6 +379,8 @@ class GraphFacts:
         """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
         symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
         args = [self.const(v) if v is not None else None for v in node.inputs[1:5]]
+        if len(args) >= 2 and args[0] is not None and args[1] is None and self.elems(node.inputs[2]) is not None:
+            return self._cut_to_length(node, shape, args)
         if len(args) < 2 or args[0] is None or args[1] is None:
             return None
         starts, ends = args[0].reshape(-1), args[1].reshape(-1)
@@ -357,6 +399,49 @@ class GraphFacts:
             elif not (int(start) == 0 and int(end) >= 2**31 - 1 and int(step) == 1):
                 out[axis] = None
         return tuple(out)
+
+    def _cut_to_length(self, node: ir.Node, shape: Shape, args: list) -> Shape | None:
+        """``buffer[..., :n]`` with ``n`` a symbolic size read off another tensor (``Shape(x)[1]``, the sequence
+        length): the causal-mask buffers of GPT-2-style attention and the RoPE cos/sin tables cut to the
+        sequence. The result has ``min(n, D) - start`` elements on a static axis of size ``D``; it is taken as
+        ``n - start`` only where ``D`` is a buffer's fixed size (a constant: the model's maximum length), and
+        ``start`` is 0 for a symbolic ``n``. Where ``n > D`` the original fails wherever the cut is combined with
+        an axis of length ``n`` (the broadcast against the scores, the rotation's product with Q), which is
+        all its consumers in attention do — and validation on onnxruntime runs every fused region anyway."""
+        if not self._stored(node.inputs[0]):
+            return None  # only a stored buffer has the fixed "maximum length" the cut stays within
+        starts, ends = args[0].reshape(-1), self.elems(node.inputs[2])
+        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
+        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
+        if (
+            (len(args) > 2 and node.inputs[3] is not None and args[2] is None)
+            or (len(args) > 3 and node.inputs[4] is not None and args[3] is None)
+            or not len(starts) == len(ends) == len(axes) == len(steps)
+        ):
+            return None
+        out = list(shape)
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            axis = int(axis) % len(shape)
+            d = shape[axis]
+            if end is None or d is None or int(step) != 1 or d.static is None:
+                return None
+            if end.static is not None:  # a constant end among symbolic ones: exact
+                out[axis] = Dim(len(range(d.static)[slice(int(start), end.static)]))
+            elif int(start) == 0:
+                out[axis] = end
+            else:
+                return None
+        return tuple(out)
+
+    def _stored(self, value: ir.Value | None, depth: int = 8) -> bool:
+        """``value`` is a stored constant, or cut, cast or moved from one (torch slices a buffer axis by axis)."""
+        if value is None or depth < 0:
+            return False
+        if self.weight(value) is not None:
+            return True
+        node = value.producer()
+        moves = ("Slice", "Cast", "Identity", "Unsqueeze", "Squeeze", "Transpose")
+        return node is not None and node.op_type in moves and self._stored(node.inputs[0], depth - 1)
 
     def _set_elems(self, value: ir.Value, items: tuple[Dim | None, ...]) -> None:
         self._elems[value] = items
@@ -404,12 +489,36 @@ class GraphFacts:
             result = self._sliced_shape(node, ins[0])
         elif op == "SequenceAt":  # torch 2.1's tensor.split(n, dim): SplitToSequence into equal chunks
             result = self._chunk_shape(node)
+        elif op == "Range" and len(node.inputs) == 3 and all(self.elems(v) is not None for v in node.inputs):
+            start, limit, delta = (self.elems(v)[0] if len(self.elems(v)) == 1 else None for v in node.inputs)
+            if start is not None and limit is not None and delta == Dim(1):
+                count = limit.plus(start, -1)  # arange(start, n): n - start elements (n ≥ start)
+                result = None if count.summed else (count,)
+        elif op == "GatherND" and len(ins) == 2 and ins[0] is not None and ins[1] is not None and ins[1]:
+            depth, batch = ins[1][-1], int(_attr(node, "batch_dims", 0))  # torch 2.1's x[index] (RoPE's cos[ids])
+            if depth is not None and depth.static is not None:
+                result = (*ins[1][:-1], *ins[0][batch + depth.static :])
+        elif op == "Concat" and ins and all(s is not None and len(s) == len(ins[0]) for s in ins):
+            axis = int(_attr(node, "axis", 0)) % len(ins[0]) if ins[0] else 0
+            # The axis adds up only where that names no new size: all parts static, or one part. A cache's
+            # past + new keys stay the exporter's (or shape inference's) name for the total length.
+            sizes = [s[axis] for s in ins]
+            total: Dim | None = sizes[0] if len(sizes) == 1 else None
+            if len(sizes) > 1 and all(d is not None and d.static is not None for d in sizes):
+                total = Dim(sum(d.static for d in sizes))
+            result = tuple(total if i == axis else d for i, d in enumerate(ins[0])) if ins[0] else None
         elif op == "GatherElements" and len(ins) == 2:
             result = ins[1]  # the output has the indices' shape
         elif op == "Tile" and ins and ins[0] is not None and self.elems(node.inputs[1]) is not None:
             repeats = self.elems(node.inputs[1])
             if len(repeats) == len(ins[0]):
                 result = tuple(None if d is None or r is None else d * r for d, r in zip(ins[0], repeats, strict=True))
+        elif op == "Squeeze" and ins and ins[0] is not None:  # torchlib's squeeze, its If folded
+            axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
+            if axes is not None:
+                drop = {int(a) % len(ins[0]) for a in np.asarray(axes).reshape(-1)}
+                if all(ins[0][a] == Dim(1) for a in drop):
+                    result = tuple(d for i, d in enumerate(ins[0]) if i not in drop)
         elif op == "Unsqueeze" and ins and ins[0] is not None:
             axes = self.const(node.inputs[1]) if len(node.inputs) > 1 else _attr(node, "axes")
             if axes is not None:

@@ -145,6 +145,8 @@ def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
         cond = facts.const(node.inputs[0])
         if cond is None and _is_scalar_test(node.inputs[0], facts) is not None:
             cond = np.array(False)  # Size(Shape(x)) is x's rank, which is at least one
+        if cond is None and _empty_gather_either_way(node, facts):
+            cond = np.array(False)  # both branches give x's shape, empty when x is: the gather is the meaning
         if cond is None or cond.size != 1:
             continue
         branch = node.attributes["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"].as_graph()
@@ -170,7 +172,59 @@ def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
     return folded
 
 
+def concat_sequences(graph: ir.Graph) -> int:
+    """Replace ``ConcatFromSequence(SequenceConstruct(a, b, …), axis)`` (no new axis) by ``Concat(a, b, …, axis)``:
+    torch 2.1's dynamo exporter writes ``torch.cat`` so (RoPE's rotate_half), and the two are the same tensor.
+    Returns how many were replaced."""
+    replaced = 0
+    for node in list(graph):
+        if node.op_type != "ConcatFromSequence" or node.domain not in ("", "ai.onnx"):
+            continue
+        attr = node.attributes.get("new_axis")
+        seq = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if (attr is not None and attr.value) or seq is None or seq.op_type != "SequenceConstruct":
+            continue
+        axis = ir.AttrInt64("axis", node.attributes["axis"].value)
+        concat = ir.Node("", "Concat", list(seq.inputs), attributes=[axis], name=node.name)
+        concat.outputs[0].dtype = node.outputs[0].dtype
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=[concat],
+            old_values=node.outputs,
+            new_values=concat.outputs,
+        )
+        replaced += 1
+    return replaced
+
+
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Identity", "Cast", "CastLike", "Neg", "Sqrt"})
+
+
+def _empty_gather_either_way(node: ir.Node, facts: GraphFacts) -> bool:
+    """torchlib's aten_gather of torch 2.1: ``If(Size(i) == 0, CastLike(i, x), GatherElements(x, Cast(i)))``.
+    Both branches give a tensor of i's shape; when i is empty so is each, and equal — so the If is its
+    else branch whatever i's size."""
+    equal = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    if equal is None or equal.op_type != "Equal" or len(equal.inputs) != 2:
+        return False
+    size = equal.inputs[0].producer()
+    if facts.scalar(equal.inputs[1]) != 0 or size is None or size.op_type != "Size":
+        return False
+    index = size.inputs[0]
+
+    def through_casts(value: ir.Value | None) -> ir.Value | None:
+        while value is not None and value.producer() is not None and value.producer().op_type in ("Cast", "CastLike"):
+            value = value.producer().inputs[0]
+        return value
+
+    then_out = node.attributes["then_branch"].as_graph().outputs
+    else_out = node.attributes["else_branch"].as_graph().outputs
+    if len(then_out) != 1 or len(else_out) != 1 or through_casts(then_out[0]) is not index:
+        return False
+    gather = else_out[0].producer()
+    return gather is not None and gather.op_type == "GatherElements" and through_casts(gather.inputs[1]) is index
 
 
 def _is_scalar_test(value: ir.Value, facts: GraphFacts) -> ir.Value | None:

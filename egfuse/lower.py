@@ -159,6 +159,11 @@ class Lowerer:
             if ins[0].dtype is not None and int(ins[0].dtype) == to:
                 return args[0]  # a cast to the dtype it already has is the identity
             return self._call("cast", args[0], str(to))
+        if op == "CastLike" and ins[1] is not None and ins[1].dtype is not None:
+            to = int(ins[1].dtype)  # a Cast to the like-operand's dtype (torch 2.1's softmax ends in one)
+            if ins[0].dtype is not None and int(ins[0].dtype) == to:
+                return args[0]
+            return self._call("cast", args[0], str(to))
         if op == "Softmax":
             return self._softmax(node, args[0])
         if op == "Transpose":
@@ -252,12 +257,29 @@ class Lowerer:
         perm = [have.index(c) for c in want]
         return term if perm == sorted(perm) else self._call("transpose", term, _q(perm_string(perm)))
 
+    def _kept_whole(self, value: ir.Value) -> ir.Value:
+        """``value`` before the Identity nodes and whole-tensor Slices (``x[:, :, None, :, :]`` in torch 2.1's
+        repeat_kv: every axis sliced ``0:MAX:1``) that lead to it: the same tensor."""
+        node = value.producer()
+        while node is not None and node.inputs and node.inputs[0] is not None:
+            if node.op_type == "Slice":
+                steps = self.facts.const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else 1
+                src, out = self.facts.shape(node.inputs[0]), self.facts.shape(node.outputs[0])
+                whole = src is not None and src == out and None not in src and np.all(np.asarray(steps) == 1)
+                if not whole:
+                    break
+            elif node.op_type != "Identity":
+                break
+            value = node.inputs[0]
+            node = value.producer()
+        return value
+
     def _repeat_heads(self, node: ir.Node, dst: tuple) -> str | None:
         """``Reshape(Expand(Unsqueeze(x, 2)), (B, N·r, T, H))``: repeat_kv, read as one meaning."""
-        expand = node.inputs[0].producer()
+        expand = self._kept_whole(node.inputs[0]).producer()
         if expand is None or expand.op_type != "Expand" or len(dst) != 4:
             return None
-        unsqueeze = expand.inputs[0].producer()
+        unsqueeze = self._kept_whole(expand.inputs[0]).producer()
         if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or _axes(unsqueeze, self.facts) != [2]:
             return None
         x = unsqueeze.inputs[0]

@@ -23,10 +23,11 @@ VOCABULARY = frozenset({
     "Max",  # OPT's clamp of the masked scores at finfo.min
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
     "Identity",  # torch's clone() in old dynamo exports
+    "CastLike",  # torch 2.1: a Cast to the dtype of another value (lowered like Cast)
 })  # fmt: skip
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone()
-_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "Reshape", "Dropout", "Expand", "Identity"})
+_FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "CastLike", "Reshape", "Dropout", "Expand", "Identity"})
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape"})
 _MAX_BACKWARD_DEPTH = 16  # dynamo 2.1–2.4 adds Expand → Reshape before each MatMul; softcap, casts, repeat_kv add more
 
@@ -80,13 +81,21 @@ def _is_weight(value: ir.Value | None) -> bool:
     return value is not None and value.const_value is not None and value.producer() is None
 
 
+def reads_type_only(node: ir.Node, value: ir.Value) -> bool:
+    """``node`` needs only ``value``'s shape or dtype, not its elements: no step of attention's data flow."""
+    return node.op_type in ("Shape", "Size") or (
+        node.op_type == "CastLike" and len(node.inputs) == 2 and node.inputs[0] is not value
+    )
+
+
 def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]:
     """Softmax → (guard / cast)* → MatMul(·, V) → (Transpose / Reshape)*."""
     chain: list[ir.Node] = []
     value = softmax.outputs[0]
     for _ in range(8):
-        # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping).
-        users = [use.node for use in value.uses() if use.node.op_type != "Shape"]
+        # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping), a
+        # CastLike taking them as its "like" operand only their dtype (torch 2.1's masked_fill casts its fill so).
+        users = [use.node for use in value.uses() if not reads_type_only(use.node, value)]
         matmuls = [n for n in users if n.op_type in ("MatMul", "Einsum") and value in n.inputs]
         if len(matmuls) == 1 and len(users) == 1:
             chain.append(matmuls[0])

@@ -34,12 +34,19 @@ DTYPES = ("float32", "float16")
 MATMULS = ("plain", "batched_3d")
 """How the two attention MatMuls are written: one 4D MatMul, or as torch 2.1–2.4's dynamo exporter decomposes
 it: ``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·)."""
-DROPOUTS = ("none", "plain", "ratio", "training_false")
+DROPOUTS = ("none", "plain", "ratio", "training_false", "castlike")
 """An inference Dropout between the softmax and ``·V``: no extra input, a ratio input (and the unused mask
-output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout."""
-ROPE_TABLES = ("inputs", "positions")
+output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout;
+or none but torch 2.1's ``CastLike``s: the probabilities cast like themselves, and read as the "like" operand
+of a fill's cast (its dtype only)."""
+ROPE_TABLES = ("inputs", "positions", "buffer")
 """Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
-must stay as it is) or computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable)."""
+must stay as it is), computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable), or stored
+(max_positions, H) buffers cut to the sequence length read off the input (transformers 4.36's
+``cos_cached[:seq_len]``: a Slice whose end is symbolic)."""
+CONCATS = ("plain", "sequence")
+"""How the rotation's ``torch.cat`` is written: ``Concat``, or ``ConcatFromSequence(SequenceConstruct(…))`` as
+torch 2.1's dynamo exporter writes it."""
 HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
 """Where the heads live: split off the hidden axis into (B, N, S, H) (today's exporters); folded into the batch
 as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
@@ -74,6 +81,7 @@ class Variant:
     rope_partial: bool = False  # rotate only the first half of each head's features (Phi, GPT-NeoX)
     rope_interleaved: bool = False  # pair features (2i, 2i+1) with repeat_interleave'd tables (GPT-J)
     rope_seq_first: bool = False  # rotate (B, S, N, H) before the head transpose (GPT-J), not (B, N, S, H)
+    concat: str = "plain"  # see CONCATS
     position_bias: bool = False  # an additive per-head (1, N, S, T) bias on the scores (T5, ALiBi)
     softcap: str = "none"  # Gemma 2: cap·tanh(scores / cap) before the mask, with Div or with Mul by 1/cap
     heads_layout: str = "split"  # see HEAD_LAYOUTS
@@ -145,6 +153,12 @@ class _Builder:
     def name(self, hint: str) -> str:
         self.n += 1
         return f"{hint}_{self.n}"
+
+    def concat(self, inputs: list[str], axis: int) -> str:
+        """``torch.cat`` in the variant's spelling (see CONCATS)."""
+        if self.v.concat == "plain":
+            return self.op("Concat", inputs, axis=axis)
+        return self.op("ConcatFromSequence", [self.op("SequenceConstruct", inputs)], axis=axis)
 
     def op(self, op: str, inputs: list[str], **attrs) -> str:
         out = self.name(op.lower())
@@ -534,6 +548,9 @@ def _dropout(b: _Builder, v: Variant, p: str) -> str:
         return p
     if v.dropout == "plain":
         return b.op("Dropout", [p])
+    if v.dropout == "castlike":
+        b.op("CastLike", [b.const(np.array(0, np.int64), "fill"), p])  # its value unused: dtype bookkeeping
+        return b.op("CastLike", [p, p])
 
     def constant(array: np.ndarray) -> str:
         out = b.name("constant")
@@ -657,6 +674,19 @@ class _Rope:
             for name in ("cos", "sin"):
                 inputs.append(helper.make_tensor_value_info(name, onnx_type, [batch, seq, table_width]))
             tables = ["cos", "sin"]
+        elif v.rope_tables == "buffer":  # (max_positions, width) tables cut to [:S], broadcast over the batch
+            length = b.op("Shape", ["x"], start=1, end=2)
+            angles = np.arange(64, dtype=np.float32)[:, None] * (
+                1.0 / 10000 ** (np.arange(0, self.width, 2) / self.width)
+            )
+            if not self.interleaved:
+                angles = np.concatenate([angles, angles], axis=-1)
+            np_type = helper.tensor_dtype_to_np_dtype(onnx_type)
+            tables = []
+            for fn in (np.cos, np.sin):
+                zero, first = b.const(np.array([0], np.int64)), b.const(np.array([0], np.int64))
+                cut = b.op("Slice", [b.const(fn(angles).astype(np_type), "table"), zero, length, first])
+                tables.append(b.op("Unsqueeze", [cut, b.const(np.array([0], np.int64))]))
         else:  # transformers: θ = position ⊗ inv_freq; cos/sin of θ (GPT-J) or of Concat(θ, θ), in the model's type
             length = b.op("Squeeze", [b.op("Shape", ["x"], start=1, end=2)])
             positions = b.op(
@@ -693,10 +723,10 @@ class _Rope:
         if self.interleaved:  # rotate_every_two: stack (−x[1::2], x[0::2]) on a new axis, flatten
             last = b.const(np.array([-1], np.int64))
             pair = [b.op("Unsqueeze", [y, last]) for y in (b.op("Neg", [part(x, 1, 2**31, 2)]), part(x, 0, 2**31, 2))]
-            stacked = b.op("Concat", pair, axis=-1)
+            stacked = b.concat(pair, axis=-1)
             rotated = b.op("Reshape", [stacked, b.const(np.array([0, 0, 0, -1], np.int64))])
         else:
-            rotated = b.op("Concat", [b.op("Neg", [part(x, self.half, 2**31)]), part(x, 0, self.half)], axis=-1)
+            rotated = b.concat([b.op("Neg", [part(x, self.half, 2**31)]), part(x, 0, self.half)], axis=-1)
         out = b.op("Add", [b.op("Mul", [x, self.cos]), b.op("Mul", [rotated, self.sin])])
         return b.op("Concat", [out, part(t, self.width, 2**31)], axis=-1) if self.width < self.head else out
 
@@ -754,6 +784,10 @@ def _compatible(choices: dict) -> dict:
     draw is wasted): cross-attention has no causal mask, self cache or RoPE, and the ops that need (B, N, T, H)
     keys (repeat_kv, the cache, RoPE) get them from the (0, 1, 3, 2) layout."""
     c = dict(choices)
+    if c["rope_tables"] == "buffer" and (not c["symbolic"] or c["past"]):
+        # A cut to a fixed length is a constant table, and past a cache the cut starts at the past length:
+        # neither is the transformers 4.36 spelling this value draws (positions cover those tables).
+        c["rope_tables"] = "positions"
     if c["cross"]:
         c["causal"], c["past"], c["rope"] = "none", False, False
     kv = c["kv_heads"] or c["heads"]
@@ -814,6 +848,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "rope_partial": st.booleans(),
             "rope_interleaved": st.booleans(),
             "rope_seq_first": st.booleans(),
+            "concat": st.sampled_from(CONCATS),
             "position_bias": st.booleans(),
             "softcap": st.sampled_from(SOFTCAPS),
             "heads_layout": st.sampled_from(HEAD_LAYOUTS),
@@ -833,6 +868,7 @@ def variants():  # pragma: no cover - exercised by the property tests
 
 __all__ = [
     "CAUSAL",
+    "CONCATS",
     "DROPOUTS",
     "DTYPES",
     "HEAD_LAYOUTS",

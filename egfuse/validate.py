@@ -76,6 +76,19 @@ def _vocab_size(model: onnx.ModelProto, input_name: str) -> int | None:
     return None
 
 
+def long_dims(model: onnx.ModelProto, times: int) -> dict[str, int]:
+    """Sizes for ``make_feeds`` with every symbolic dim past an input's leading (batch) axis ``times`` as long:
+    a speech front end's strided convolutions turn 5 samples into none, so such a model runs only on longer
+    inputs (wav2vec2 needs 400)."""
+    sizes: dict[str, int] = {}
+    for inp in model.graph.input:
+        for i, d in enumerate(inp.type.tensor_type.shape.dim):
+            name = d.dim_param or f"unk_{inp.name}_{i}"
+            if not d.HasField("dim_value") and i > 0 and name not in sizes:
+                sizes[name] = bind_dim(name, dict(sizes)) * times
+    return sizes
+
+
 def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     sizes = dict(dims or {})

@@ -1,0 +1,251 @@
+"""Shape facts the late-2023 dynamo exports (torch 2.1, transformers 4.36) need: buffers cut to a symbolic
+length, sizes written as sums (``s0*(s1//10) - s0``), ``arange(0, n)`` — each checked by fusing a real
+export and comparing it with the unfused model on onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+import egfuse
+from egfuse.dims import Dim
+from egfuse.facts import GraphFacts
+from egfuse.testing import CONCATS, Variant, attention_model, feeds_for
+
+from .conftest import DATA, assert_same_outputs
+
+OLD_DYNAMO = DATA / "old_dynamo"
+
+
+def test_sums_of_products_have_one_normal_form():
+    assert Dim.parse("s0*(s1//10) - s0") == Dim.parse("s0*((s1//10) - 1)")
+    assert Dim.parse("s1").plus(Dim.parse("s1"), -1) == Dim(0)
+    assert Dim.parse("past + seq").plus(Dim.parse("seq"), -1) == Dim.parse("past")  # the normal form cancels
+    assert Dim.parse("4*batch") == Dim(4, ("batch",))
+    doubled = Dim.parse("s1 + 1") * Dim(2)
+    assert doubled == Dim.parse("2 + 2*s1") and doubled.div(Dim(2)) == Dim.parse("1 + s1")
+    assert Dim.parse("s0*s1 - s0").div(Dim.parse("s0")) == Dim.parse("s1 - 1")
+
+
+def _cut_buffer_model(buffer_len: int) -> onnx.ModelProto:
+    """``buffer[:, :S]`` with S read off the input's shape, as GPT-2's causal mask and RoPE tables are cut."""
+    buf = helper.make_tensor("buf", TensorProto.FLOAT, [1, buffer_len], np.arange(buffer_len, dtype=np.float32))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+        helper.make_node("Slice", ["buf", "zero", "shape", "axis"], ["cut"]),
+        helper.make_node("Add", ["x", "cut"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "cut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [buf],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_stored_buffer_cut_to_a_symbolic_length_has_that_length():
+    graph = ir.serde.deserialize_model(_cut_buffer_model(64)).graph
+    facts = GraphFacts(graph)
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    assert facts.shape(cut) == (Dim(1), Dim(1, ("S",)))
+
+
+def test_a_computed_tensor_cut_to_a_symbolic_length_is_not_claimed():
+    model = _cut_buffer_model(64)
+    model.graph.node.insert(0, helper.make_node("Relu", ["buf"], ["buf_relu"]))
+    next(n for n in model.graph.node if n.op_type == "Slice").input[0] = "buf_relu"
+    graph = ir.serde.deserialize_model(model).graph
+    facts = GraphFacts(graph)
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    assert facts.shape(cut) is None or facts.shape(cut)[1] != Dim(1, ("S",))
+
+
+@pytest.mark.parametrize("name", ["gpt2_eager", "gpt_neo_eager"])
+def test_causal_buffer_cut_to_the_sequence_fuses(name, target):
+    """torch 2.1's dynamo export: the ``bias`` buffer sliced to ``Shape(input_ids)[1]`` under a ``Where``
+    (and GPT-Neo's ``arange(0, S) < S + (S - S)`` mask arithmetic) are (S, S) facts."""
+    path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_probabilities_cast_like_themselves_fuse(target):
+    """torch 2.1: ``CastLike(p, p)`` after the softmax is the identity, a ``CastLike(fill, p)`` reads p's dtype
+    only — neither is a step between the probabilities and ``·V``."""
+    model = attention_model(Variant(dropout="castlike"))
+    assert sum(n.op_type == "CastLike" for n in model.graph.node) == 2
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def _nested_constant_ifs() -> onnx.ModelProto:
+    """``If(4 > 0)`` whose taken branch holds ``If(Equal(Size(Shape(x)), 0))`` — torchlib's squeeze/gather
+    wrappers — around a Softmax: both conditions are known, so the softmax is a plain op of the graph."""
+    inner_then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t_in"])], "t", [], [helper.make_tensor_value_info("t_in", 1, None)]
+    )
+    inner_else = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["e_in"], axis=-1)],
+        "e",
+        [],
+        [helper.make_tensor_value_info("e_in", 1, None)],
+    )
+    outer_then = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Size", ["shape"], ["rank"]),
+            helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+            helper.make_node("Equal", ["rank", "zero"], ["is_scalar"]),
+            helper.make_node("If", ["is_scalar"], ["o_in"], then_branch=inner_then, else_branch=inner_else),
+        ],
+        "ot", [], [helper.make_tensor_value_info("o_in", 1, None)],
+    )  # fmt: skip
+    outer_else = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["o_else"])], "oe", [], [helper.make_tensor_value_info("o_else", 1, None)]
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["four"], value=helper.make_tensor("f", TensorProto.INT64, [], [4])),
+        helper.make_node("Constant", [], ["nil"], value=helper.make_tensor("n", TensorProto.INT64, [], [0])),
+        helper.make_node("Greater", ["four", "nil"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=outer_then, else_branch=outer_else),
+    ]
+    graph = helper.make_graph(
+        nodes, "ifs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nested_ifs_on_known_conditions_are_their_branches():
+    from egfuse import functions
+
+    graph = ir.serde.deserialize_model(_nested_constant_ifs()).graph
+    for _ in range(3):
+        if not functions.fold_constant_ifs(graph, GraphFacts(graph)):
+            break
+    assert [n.op_type for n in graph if n.op_type in ("If", "Softmax")] == ["Softmax"]
+
+
+@pytest.mark.parametrize("concat", CONCATS)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_from_stored_tables_cut_to_the_sequence_fuses(concat, interleaved, target):
+    """transformers 4.36's ``cos_cached[:seq_len]`` (a Slice of a stored table whose end is ``Shape(x)[1]``) and
+    torch 2.1's ``torch.cat`` as ``ConcatFromSequence(SequenceConstruct(…))`` in rotate_half."""
+    v = Variant(rope=True, rope_tables="buffer", concat=concat, rope_interleaved=interleaved, k_layout="transpose_0213")
+    model = attention_model(v)
+    assert (concat == "sequence") == any(n.op_type == "ConcatFromSequence" for n in model.graph.node)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("name", ["llama_eager"])
+def test_rope_of_torch21_dynamo_export_fuses(name, target):
+    """The real late-2023 export: RoPE tables cut with a symbolic Slice, gathered by ``GatherND``, rotate_half
+    concatenated from a sequence, and the causal mask built from ``arange`` arithmetic."""
+    path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
+
+
+def _torchlib_gather() -> onnx.ModelProto:
+    """torch 2.1's aten_gather: ``If(Size(i) == 0, CastLike(i, x), GatherElements(x, Cast(i)))``."""
+    then = helper.make_graph(
+        [helper.make_node("CastLike", ["i", "x"], ["t_out"])],
+        "t",
+        [],
+        [helper.make_tensor_value_info("t_out", 1, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["i64"], to=TensorProto.INT64),
+         helper.make_node("GatherElements", ["x", "i64"], ["e_out"], axis=1)],
+        "e", [], [helper.make_tensor_value_info("e_out", 1, None)],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("Size", ["i"], ["size"]),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+        helper.make_node("Equal", ["size", "zero"], ["empty"]),
+        helper.make_node("If", ["empty"], ["y"], then_branch=then, else_branch=other),
+    ]
+    graph = helper.make_graph(
+        nodes, "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 6]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_torchlib_gather_if_is_its_gather():
+    """Both branches give a tensor of i's shape, empty when i is: the If is the GatherElements (checked on
+    onnxruntime, an empty index included)."""
+    from egfuse import functions, validate
+
+    model = ir.serde.deserialize_model(_torchlib_gather())
+    assert functions.fold_constant_ifs(model.graph, GraphFacts(model.graph)) == 1
+    assert [n.op_type for n in model.graph] == ["Size", "Constant", "Equal", "Cast", "GatherElements"]
+    folded = ir.serde.serialize_model(model)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for i in (np.array([[5, 0, 3], [1, 1, 2]], np.int64), np.zeros((2, 0), np.int64)):
+        expected, actual = validate.run(_torchlib_gather(), {"x": x, "i": i}), validate.run(folded, {"x": x, "i": i})
+        np.testing.assert_array_equal(expected["y"], actual["y"])
+
+
+def test_a_mask_folded_to_a_constant_keeps_its_shape():
+    """A static causal mask (``arange(7)[:, None] < arange(7)``, a fixed-length export) is evaluated to a
+    constant; its (7, 7) shape stays a fact though ONNX shape inference left it unknown."""
+    positions = helper.make_tensor("pos", TensorProto.INT64, [7], list(range(7)))
+    nodes = [
+        helper.make_node("Unsqueeze", ["pos", "one"], ["rows"]),
+        helper.make_node("Unsqueeze", ["pos", "zero"], ["cols"]),
+        helper.make_node("Less", ["rows", "cols"], ["future"]),
+        helper.make_node("Where", ["future", "fill", "nil"], ["mask"]),
+        helper.make_node("Add", ["x", "mask"], ["y"]),
+    ]
+    inits = [
+        positions,
+        helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("fill", TensorProto.FLOAT, [], [-1e9]),
+        helper.make_tensor("nil", TensorProto.FLOAT, [], [0.0]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    graph = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).graph
+    facts = GraphFacts(graph)
+    mask = next(n for n in graph if n.op_type == "Where").outputs[0]
+    assert facts.const(mask) is not None and facts.shape(mask) == (Dim(7), Dim(7))
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["feeds", "generated"])
+def test_wav2vec2_dims_written_as_sums_fuse(given, target):
+    """torch 2.3's wav2vec2 export: the convolution's output length times the batch appears as
+    ``s0*(s1//10) - s0`` and as ``s0*((s1//10) - 1)``; one normal form makes the head reshapes read. Without
+    feeds, validation generates longer audio once 5 samples are too short for the strided convolutions."""
+    path = OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.onnx"
+    model = onnx.load(path)
+    with np.load(OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.feeds.npz") as data:
+        feeds = {i.name: data[i.name] for i in model.graph.input}
+    result = egfuse.fuse(path, target=target, feeds=feeds if given else None)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
