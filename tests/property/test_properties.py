@@ -107,6 +107,8 @@ def test_fused_scale_is_the_product_of_the_graphs_factors(variant):
     result = egfuse.fuse(attention_model(variant), target="onnx", validate=False)
     (scale,) = [a.f for n in result.model.graph.node for a in n.attribute if a.name == "scale"]
     expected = {"custom": 0.3, "none": 1.0}.get(variant.scale, 1 / np.sqrt(variant.head_dim))
+    if variant.query_bias == "rel_pos_uv" and variant.scale in ("q_mul", "split_sqrt"):
+        expected = 1.0 if variant.scale == "q_mul" else 1 / np.sqrt(np.sqrt(variant.head_dim))  # query Q·s + u
     assert np.isclose(scale, expected, rtol=1e-5 if variant.dtype == "float32" else 2e-3)  # float16 constants
 
 
