@@ -81,14 +81,9 @@ class Dim:
 
     def div(self, other: Dim) -> Dim | None:
         """Exact quotient, or ``None`` when ``other`` does not divide ``self``."""
-        if (self.summed or other.summed) and not other.summed:
-            quotient = {}
-            for term, coef in _to_poly(self).items():  # a sum divided by a monomial: term by term
-                q = Dim(coef, term).div(other)
-                if q is None or q.summed:
-                    return None
-                quotient[q.syms] = q.coef
-            return _from_poly(quotient)
+        if self.summed or other.summed:
+            quotient = _poly_div(_to_poly(self), _to_poly(other))
+            return None if quotient is None else _from_poly(quotient)
         if other.coef == 0 or self.coef % other.coef:
             return None
         rest = list(self.syms)
@@ -129,6 +124,41 @@ def _poly_mul(a: Poly, b: Poly) -> Poly:
             term = tuple(sorted(ta + tb))
             out[term] = out.get(term, 0) + ca * cb
     return out
+
+
+def _poly_div(a: Poly, b: Poly) -> Poly | None:
+    """Exact quotient ``a / b`` of two polynomials, or ``None`` where ``b`` does not divide ``a`` — long division
+    under a graded order (the leading term of a product is the product of the leading terms, so an exact
+    quotient shows itself term by term): ``(8·past + 8·new)·B·4 / (8·past + 8·new)`` is ``4·B``, the folded
+    batch of a cache's keys reshaped with -1."""
+    atoms = sorted({s for term in (*a, *b) for s in term})
+
+    def order(term: tuple[str, ...]) -> tuple:
+        return (len(term), tuple(term.count(atom) for atom in atoms))
+
+    divisor = {t: c for t, c in b.items() if c}
+    remainder = {t: c for t, c in a.items() if c}
+    if not divisor:
+        return None
+    lead = max(divisor, key=order)
+    quotient: Poly = {}
+    while remainder:
+        term = max(remainder, key=order)
+        rest = list(term)
+        for atom in lead:
+            if atom not in rest:
+                return None
+            rest.remove(atom)
+        if remainder[term] % divisor[lead]:
+            return None
+        q_term, q_coef = tuple(sorted(rest)), remainder[term] // divisor[lead]
+        quotient[q_term] = quotient.get(q_term, 0) + q_coef
+        for t, c in divisor.items():
+            product_term = tuple(sorted(q_term + t))
+            remainder[product_term] = remainder.get(product_term, 0) - q_coef * c
+            if not remainder[product_term]:
+                del remainder[product_term]
+    return quotient
 
 
 def _term_text(term: tuple[str, ...], coef: int) -> str:

@@ -80,16 +80,9 @@ def test_gqa_fuses_with_native_kv_heads(entry, target):
 
 # The cache Concat goes into the op (past_key/past_value in, present_key/present_value out): every fused op
 # takes the K/V it would concatenate (grouped heads through the standard op, on both targets).
-_KEPT_OUTSIDE = pytest.mark.xfail(
-    strict=True,
-    reason="regression of session 7 (dims' sum normal form leaves past + new unnamed): dynamo's cache Concat stays "
-    "outside the fused op (still validated); to fix before the next release",
-)
 CACHED = [
-    pytest.param(m, t, marks=[_KEPT_OUTSIDE] if m["exporter"] == "dynamo" and m["name"] != "llama_past_eager" else [],
-                 id=f"{t}-{m['file']}")
-    for m in MODELS if "kv cache" in m["flavour"] for t in ("ort", "onnx")
-]  # fmt: skip
+    pytest.param(m, t, id=f"{t}-{m['file']}") for m in MODELS if "kv cache" in m["flavour"] for t in ("ort", "onnx")
+]
 
 
 @pytest.mark.parametrize(("entry", "target"), CACHED)

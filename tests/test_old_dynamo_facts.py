@@ -30,6 +30,18 @@ def test_sums_of_products_have_one_normal_form():
     assert Dim.parse("s0*s1 - s0").div(Dim.parse("s0")) == Dim.parse("s1 - 1")
 
 
+def test_a_sum_divides_a_multiple_of_itself():
+    """A cache's keys (B, N, past + new, H) reshaped to (-1, past + new, H): the -1 is B·N, a product of dims
+    divided by a sum (polynomial long division), and anything that is no exact multiple stays unknown."""
+    total = Dim.parse("past + new")
+    keys = Dim.parse("batch") * Dim(4) * total * Dim(8)
+    assert keys.div(total * Dim(8)) == Dim(4, ("batch",))
+    assert (total * total).div(total) == total
+    assert Dim.parse("a*a - b*b").div(Dim.parse("a + b")) == Dim.parse("a - b")
+    assert keys.div(Dim.parse("past + 1")) is None and total.div(Dim.parse("past")) is None
+    assert (total * Dim(3)).div(total * Dim(2)) is None
+
+
 def _cut_buffer_model(buffer_len: int) -> onnx.ModelProto:
     """``buffer[:, :S]`` with S read off the input's shape, as GPT-2's causal mask and RoPE tables are cut."""
     buf = helper.make_tensor("buf", TensorProto.FLOAT, [1, buffer_len], np.arange(buffer_len, dtype=np.float32))
