@@ -79,7 +79,6 @@ def test_a_select_fill_alone_is_still_moved_for_the_standard_op():
     assert "Equal" not in [n.op_type for n in result.model.graph.node]
 
 
-@pytest.mark.xfail(strict=False, reason="session 7: a dynamo-3D-K, split-√scale, padding-int draw fails; see the note")
 @settings(max_examples=40, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(variants())
 def test_drawn_spellings_keep_left_padded_rows(variant):
@@ -92,10 +91,12 @@ def test_drawn_spellings_keep_left_padded_rows(variant):
     assume(
         not (variant.dtype == "float16" and (variant.mask.startswith("additive") or variant.mask == "where_reversed"))
     )
-    # float16 with a padding term (1 − m)·finfo.min under a causal buffer's finfo.min fill: S + finfo.min
-    # overflows to −inf for S below −16 (float16's ulp there is 32), so which keys of a fully masked row the
-    # graph keeps depends on each score's rounding — no fused form reproduces it; validation rolls it back.
-    assume(not (variant.dtype == "float16" and variant.mask == "padding_int" and variant.causal.startswith("buffer")))
+    # float16 with a padding term (1 − m)·finfo.min under a causal select's finfo.min fill (a buffer's, or
+    # Range/Greater's): S + finfo.min overflows to −inf for S below −16 (float16's ulp there is 32), so which
+    # keys of a fully masked row the graph keeps depends on each score's rounding — no fused form reproduces
+    # it; validation rolls it back.
+    selects_finfo_min = variant.causal.startswith("buffer") or variant.causal == "range_greater"
+    assume(not (variant.dtype == "float16" and variant.mask == "padding_int" and selects_finfo_min))
     model = attention_model(variant)
     feeds = feeds_for(model, seed=variant.seed, left_padding=True)
     for target in ("ort", "onnx"):
