@@ -139,20 +139,43 @@ def related_bindings(model: onnx.ModelProto, limit: int = 40) -> list[dict[str, 
     original itself fail. Each candidate rebinds one symbolic dim — to 1, to the sum of two other input sizes
     (symbolic or fixed), or to another size — the rest bound by name as ``make_feeds`` does (a "total" length
     follows its parts); the caller keeps the first binding the original runs on, so a wrong guess costs one
-    run and can never pass a wrong fusion."""
+    run and can never pass a wrong fusion. Inputs alike in shape (a cache's tensors) bound to equal sizes come
+    first, then each single rebinding alone and on top of those."""
     symbols = input_dims(model)
     base: dict[str, int] = {}
     for name in symbols:
         bind_dim(name, base)
     dims = [d for inp in model.graph.input for d in inp.type.tensor_type.shape.dim]
     fixed = {d.dim_value for d in dims if d.HasField("dim_value")}
-    candidates: list[dict[str, int]] = [{target: 1} for target in symbols if base[target] != 1]
+    singles: list[dict[str, int]] = [{target: 1} for target in symbols if base[target] != 1]
     for target in reversed(symbols):  # the mask's length comes after the ids' and the cache's
         sizes = sorted({base[s] for s in symbols if s != target} | fixed)
         sums = sorted({a + b for i, a in enumerate(sizes) for b in sizes[i:]} - {base[target]})
-        candidates += [{target: total} for total in sums]
-        candidates += [{target: size} for size in sizes if size not in (1, base[target])]
-    return candidates[:limit]
+        singles += [{target: total} for total in sums]
+        singles += [{target: size} for size in sizes if size not in (1, base[target])]
+    alike = _alike_inputs_binding(model, base)
+    if not alike:
+        return singles[:limit]
+    return [alike, *({**alike, **single} for single in singles)][:limit]
+
+
+def _alike_inputs_binding(model: onnx.ModelProto, base: dict[str, int]) -> dict[str, int]:
+    """Inputs alike in rank and fixed dims (a cache's keys and values, layer after layer) with one size at each
+    symbolic axis: torch's dynamo exporter names every cache tensor's length apart (``s13``, ``s9``, ``s17``)
+    although attention multiplies the keys' and values' lengths together."""
+    groups: dict[tuple, list[str]] = {}
+    for inp in model.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        pattern = tuple(d.dim_value if d.HasField("dim_value") else "?" for d in dims)
+        for axis, d in enumerate(dims):
+            if d.dim_param and "+" not in d.dim_param and not d.dim_param.strip().isdigit():
+                groups.setdefault((pattern, axis), []).append(d.dim_param)
+    binding: dict[str, int] = {}
+    for names in groups.values():
+        if len(set(names)) > 1:  # every member pinned: a size left to ``bind_dim`` depends on what is bound
+            size = binding.get(names[0], base[names[0]])
+            binding.update({name: size for name in names if name not in binding})
+    return binding
 
 
 def _padding(shape: list[int]) -> np.ndarray:

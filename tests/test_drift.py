@@ -31,7 +31,6 @@ KNOWN_GAPS: dict[tuple[str, str, str], str] = {
     ("2025-01", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
     ("2025-07", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
     ("2026-03", "deberta_v2_eager.torchscript.onnx", "ort"): _DEBERTA,
-    ("2025-07", "gpt2_past_sdpa.dynamo.onnx", "onnx"): "no binding of its input dims found that the original runs on",
     ("2026-11", "llama_past_sdpa.torchscript.onnx", "ort"): (
         "decode step traced at one token: the fused standard Attention gets a mask whose query axis is not Q's "
         "length (onnxruntime refuses it; validation rolls the regions back)"

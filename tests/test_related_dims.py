@@ -44,3 +44,18 @@ def test_a_binding_is_never_invented_for_the_users_feeds():
     model = _with_opaque_total(Variant(past=True, mask="padding_int", k_layout="transpose_0132"))
     result = egfuse.fuse(model, target="onnx", feeds=validate.make_feeds(model))
     assert result.report.fused == 0 and result.report.validated is None, str(result.report)
+
+
+def test_cache_tensors_named_apart_are_bound_alike():
+    """torch's dynamo exporter names each cache tensor's length apart (``s13`` for the keys, ``s9`` for the
+    values) though attention needs them equal: alike inputs bound to one size are tried first."""
+    variant = Variant(past=True, mask="padding_int", k_layout="transpose_0132")
+    model = _with_opaque_total(variant)
+    (value_length,) = [d for d in model.graph.input[1].type.tensor_type.shape.dim if d.dim_param == "past_seq"]
+    value_length.dim_param = "s9"
+    (first, *_) = validate.related_bindings(model)
+    assert first["s9"] == first["past_seq"], first
+    for target in ("ort", "onnx"):
+        result = egfuse.fuse(model, target=target)
+        assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+        assert_same_outputs(model, result.model, feeds_for(attention_model(variant), left_padding=True))
