@@ -265,6 +265,9 @@ class GraphFacts:
             self._elems[value] = tuple(Dim(int(v)) for v in array.reshape(-1))
 
     def _visit(self, node: ir.Node) -> None:
+        if node.domain in ("", "ai.onnx") and node.op_type == "Split":
+            self._visit_split(node)
+            return
         if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
             if node.outputs and node.op_type in SAME_SHAPE:
                 self._infer_shape(node, node.op_type, node.outputs[0])
@@ -282,6 +285,34 @@ class GraphFacts:
                 self._set_const(out, np.asarray(result))
                 return
         self._visit_symbolic(node, op, out)
+
+    def _visit_split(self, node: ir.Node) -> None:
+        """A packed QKV projection split in equal parts (GPT-2's ``c_attn``): each part keeps the input's dims
+        but the split axis, where shape inference invents a new name for every output."""
+        shape = self.shape(node.inputs[0])
+        if shape is None or not shape:
+            return
+        axis = int(_attr(node, "axis", 0)) % len(shape)
+        sizes = self.const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if sizes is None and _attr(node, "split") is not None:
+            sizes = np.asarray(_attr(node, "split"))
+        parts: list[Dim | None]
+        if sizes is not None:
+            parts = [Dim(int(size)) for size in np.asarray(sizes).reshape(-1)]
+        else:
+            whole = shape[axis]
+            part = None if whole is None else whole.div(Dim(len(node.outputs)))
+            parts = [part] * len(node.outputs)
+        if len(parts) != len(node.outputs):
+            return
+        for out, part in zip(node.outputs, parts, strict=True):
+            result = tuple(part if i == axis else d for i, d in enumerate(shape))
+            known = self.shape(out)
+            if known is not None and len(known) == len(result):
+                result = tuple(
+                    r if (k is None or k.invented) and r is not None else k for k, r in zip(known, result, strict=True)
+                )
+            self._shape[out] = result
 
     def _visit_constant(self, node: ir.Node, out: ir.Value) -> None:
         for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):

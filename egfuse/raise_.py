@@ -13,7 +13,7 @@ import onnx_ir as ir
 from egfuse.dims import Dim
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
-from egfuse.kv_cache import CacheConcat, depends_on, find_cache
+from egfuse.kv_cache import SEQUENCE_AXIS, CacheConcat, depends_on, find_cache
 from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
 from egfuse.targets.base import FUSED, Target
@@ -134,7 +134,8 @@ class Emitter(NodeBuilder):
             reads = [query, mask_source, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
             if not depends_on(reads, {cache.present_key, cache.present_value}):
                 self.cache_note = "Concat(past, new) absorbed: past_key/past_value in, present outputs from the op"
-                mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, self.key_length(cache))
+                length = (self.facts.shape(cache.present_key) or (None,) * 4)[SEQUENCE_AXIS]
+                mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, (self.key_length(cache), length))
                 return [query, cache.new_key, cache.new_value], mask, cache
             self.cache_note = "Concat(past, new) kept outside: the op's inputs are computed from its output"
         return [query, key, value], self.bias(bias, query, key, q_axis, k_axis), None
@@ -217,20 +218,31 @@ class Emitter(NodeBuilder):
         return child + {"split_heads": 1, "split_lead": 1, "merge_heads": -1, "merge_lead": -1}.get(node.op, 0)
 
     def bias(
-        self, cid: EClass, query: ir.Value, key: ir.Value, q_axis: int, k_axis: int, key_length: ir.Value | None = None
+        self,
+        cid: EClass,
+        query: ir.Value,
+        key: ir.Value,
+        q_axis: int,
+        k_axis: int,
+        key_length: tuple[ir.Value, Dim | None] | None = None,
     ) -> ir.Value | None:
         """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting.
-        ``key_length`` overrides T (read from ``key``'s shape otherwise)."""
+        ``key_length`` overrides T (the value to read it from, and its dim where known; read from ``key``'s
+        shape otherwise). The mask goes as it is only where its last two dims are provably S and T: a mask
+        (B, 1, 1, T) of a decode step traced at one token keeps the name ``sequence`` for its query axis while
+        the op's query axis is the grouped heads (transformers' GQA written as Q (B, N_kv, N/N_kv, H))."""
         if self.choice[cid].node.op == "no_bias":
             return None
         self.mark_exact_fills(cid)
         mask = self.value(cid)
         known = self.facts.shape(self.leaf_value(cid))  # None for a term the rules built
-        if known is not None and len(known) == 4 and all(d is not None and d != Dim(1) for d in known[2:]):
+        s_dim = _axis_dim(self.facts.shape(query), q_axis)
+        t_dim = key_length[1] if key_length is not None else _axis_dim(self.facts.shape(key), k_axis)
+        if known is not None and len(known) == 4 and None not in (s_dim, t_dim) and known[2:] == (s_dim, t_dim):
             return mask
         ones = self.const(np.array([1, 1], np.int64), "ones")
         s = self.node("Shape", [query], {"start": q_axis, "end": q_axis + 1})
-        t = key_length if key_length is not None else self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
+        t = key_length[0] if key_length is not None else self.node("Shape", [key], {"start": k_axis, "end": k_axis + 1})
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
 
@@ -391,3 +403,8 @@ def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value, fresh: bool) -
         new.shape = old.shape
     if new.dtype is None and old.dtype is not None:
         new.dtype = old.dtype
+
+
+def _axis_dim(shape: tuple[Dim | None, ...] | None, axis: int) -> Dim | None:
+    """The dim at ``axis`` of a known shape (``None`` where the shape, or that dim, is unknown)."""
+    return None if shape is None or not -len(shape) <= axis < len(shape) else shape[axis]

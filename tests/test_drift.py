@@ -31,10 +31,6 @@ KNOWN_GAPS: dict[tuple[str, str, str], str] = {
     ("2025-01", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
     ("2025-07", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
     ("2026-03", "deberta_v2_eager.torchscript.onnx", "ort"): _DEBERTA,
-    ("2026-11", "llama_past_sdpa.torchscript.onnx", "ort"): (
-        "decode step traced at one token: the fused standard Attention gets a mask whose query axis is not Q's "
-        "length (onnxruntime refuses it; validation rolls the regions back)"
-    ),
 }
 """(stack, file, target) → why it does not fuse yet: run as strict xfail, so a gap that closes fails until it is
 removed here."""
