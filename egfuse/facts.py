@@ -166,6 +166,15 @@ def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
     return None if total.summed else total
 
 
+def _same_dim(a: Dim | None, b: Dim | None) -> bool | None:
+    """Whether two dims are equal: the same dim, or two different numbers; ``None`` where that is not known."""
+    if a is None or b is None:
+        return None
+    if a == b:
+        return True
+    return False if a.static is not None and b.static is not None else None
+
+
 def _uniform(array: np.ndarray | None) -> float | None:
     """The one value of a constant whose elements are all equal."""
     if array is None or array.size == 0 or not np.all(array == array.reshape(-1)[0]):
@@ -225,6 +234,14 @@ class GraphFacts:
         if c is None or c.size != 1 or c.ndim > 1:
             return None
         return float(c.reshape(-1)[0])
+
+    def truth(self, value: ir.Value | None) -> bool | None:
+        """The value of a one-element boolean this evaluation knows (a constant, or a comparison of dims)."""
+        c = self.const(value)
+        if c is not None:
+            return bool(c.reshape(-1)[0]) if c.size == 1 else None
+        flags = self._flags.get(value) if value is not None else None
+        return flags[0] if flags is not None and len(flags) == 1 else None
 
     def elems(self, value: ir.Value | None) -> tuple[Dim | None, ...] | None:
         if value is None:
@@ -358,6 +375,10 @@ class GraphFacts:
             items = np.array(self.elems(x), dtype=object)
             consts = [x, *[self.const(v) for v in node.inputs[1:]]]
             self._set_elems(out, tuple(_slice(node, items, consts)))
+        elif op == "Not" and x in self._flags:
+            self._flags[out] = tuple(not f for f in self._flags[x])
+        elif op == "Cast" and x in self._flags and _attr(node, "to") == ir.DataType.BOOL:
+            self._flags[out] = self._flags[x]
         elif op == "Equal" and self.elems(x) is not None and _uniform(self.const(node.inputs[1])) is not None:
             c = _uniform(self.const(node.inputs[1]))
             # A symbolic dim is never negative, so it never equals the -1 that TorchScript's expand tests for.
@@ -365,6 +386,16 @@ class GraphFacts:
                      for d in self.elems(x)]  # fmt: skip
             if None not in flags:
                 self._flags[out] = tuple(flags)
+        elif op == "Equal" and self.elems(x) is not None and self.elems(node.inputs[1]) is not None:
+            # Two sizes the graph reads from shapes (DeBERTa's ``q_len == k_len``, written as an If): equal
+            # where they are the same dim, unequal where both are known numbers, else unknown.
+            a, b = self.elems(x), self.elems(node.inputs[1])
+            b = b * len(a) if len(b) == 1 else b
+            a = a * len(b) if len(a) == 1 else a
+            if len(a) == len(b):
+                flags = [_same_dim(p, q) for p, q in zip(a, b, strict=True)]
+                if None not in flags:
+                    self._flags[out] = tuple(flags)
         elif op == "Where" and node.inputs[0] in self._flags:
             a, b = (self.elems(v) for v in node.inputs[1:])
             flags = self._flags[node.inputs[0]]

@@ -143,6 +143,8 @@ def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             continue
         cond = facts.const(node.inputs[0])
+        if cond is None and facts.truth(node.inputs[0]) is not None:
+            cond = np.array(facts.truth(node.inputs[0]))  # a comparison of dims (DeBERTa's q_len == k_len)
         if cond is None and _is_scalar_test(node.inputs[0], facts) is not None:
             cond = np.array(False)  # Size(Shape(x)) is x's rank, which is at least one
         if cond is None and _empty_gather_either_way(node, facts):

@@ -26,12 +26,7 @@ from .conftest import DATA, assert_same_outputs, fused_op_count
 DRIFT = DATA / "drift"
 STACKS = sorted(p.parent for p in DRIFT.glob("*/manifest.json"))
 
-_DEBERTA = "DeBERTa's Reshape to (B, 4, ?, ?) from unknown dims has no layout meaning (transformers 4.48–5.3)"
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    ("2025-01", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
-    ("2025-07", "deberta_v2_eager.torchscript.onnx", "onnx"): _DEBERTA,
-    ("2026-03", "deberta_v2_eager.torchscript.onnx", "ort"): _DEBERTA,
-}
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 """(stack, file, target) → why it does not fuse yet: run as strict xfail, so a gap that closes fails until it is
 removed here."""
 

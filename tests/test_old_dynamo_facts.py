@@ -261,3 +261,31 @@ def test_wav2vec2_dims_written_as_sums_fuse(given, target):
     assert result.report.fused == len(result.report.regions) == 2, str(result.report)
     assert result.report.validated is True
     assert_same_outputs(model, result.model, feeds)
+
+
+def _dims_compared(x_shape: list, y_shape: list) -> tuple[GraphFacts, ir.Graph]:
+    """``Not(Equal(Shape(x)[1], Shape(y)[1]))``: DeBERTa's ``q_len != k_len``, which TorchScript writes as an If."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sx"], start=1, end=2),
+        helper.make_node("Shape", ["y"], ["sy"], start=1, end=2),
+        helper.make_node("Equal", ["sx", "sy"], ["same"]),
+        helper.make_node("Not", ["same"], ["differ"]),
+        helper.make_node("Cast", ["differ"], ["cond"], to=TensorProto.BOOL),
+    ]
+    graph = helper.make_graph(
+        nodes, "compare", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [1])],
+    )  # fmt: skip
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return GraphFacts(model.graph), model.graph
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "y_shape", "differ"),
+    [(["B", "S", 8], ["B", "S", 8], False), ([2, 3], [2, 4], True), (["B", "S"], ["B", "T"], None)],
+)
+def test_a_comparison_of_dims_is_known_where_the_dims_are(x_shape, y_shape, differ):
+    """The same dim on both sides is equal, two numbers compare, two different symbols stay unknown."""
+    facts, graph = _dims_compared(x_shape, y_shape)
+    assert facts.truth(graph.outputs[0]) is differ
