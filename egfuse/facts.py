@@ -254,7 +254,8 @@ class GraphFacts:
         if value in self._shape:
             return self._shape[value]
         inferred = shape_of(value)
-        if inferred is None and value in self._const:  # a value this evaluation computed: its array's shape
+        lost = inferred is None or any(d is None or d.invented for d in inferred)
+        if lost and value in self._const:  # a value this evaluation computed (a buffer sliced by static sizes)
             return tuple(Dim(int(d)) for d in self._const[value].shape)
         return inferred
 

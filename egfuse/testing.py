@@ -810,9 +810,9 @@ def _compatible(choices: dict) -> dict:
         c["kv_heads"], c["past"], c["rope"] = None, False, False
     if layout == "single":
         c["heads"] = 1
-    if layout == "batch_folded" and c["heads"] == 1:
-        # Known gap (closing note of session 7): one folded head with RoPE before the head transpose, a cache,
-        # a position bias and the NaN guard stops at the Unsqueeze that adds the unit heads axis.
+    if layout == "batch_folded" and c["heads"] == 1 and c["past"] and c["guard"]:
+        # Known gap (--target onnx only): one folded head with RoPE before the head transpose (seq-first), a
+        # cache and the NaN guard: the mask's Add over the split scores is not read as scores + mask.
         c["rope_seq_first"] = False
     if layout != "split" or c.get("softcap", "none") != "none":  # query biases: split heads, no soft-cap
         c["query_bias"] = "none"
@@ -824,8 +824,6 @@ def _compatible(choices: dict) -> dict:
         c["qdq"] = "none"
     if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":
         c["matmul"] = "plain"  # the decomposition is of split heads' 4D MatMuls
-    if c["causal"] in ("buffer_where", "buffer_local"):
-        c["matmul"] = "plain"  # known gap (session 7 note): the causal buffer over decomposed MatMuls stays unfused
     return c
 
 

@@ -137,3 +137,13 @@ def test_quantized_probabilities_keep_the_block_unfused_and_say_why(target):
     (region,) = result.report.regions
     assert region.status == "not fused" and "quantized" in region.reason, str(result.report)
     assert_same_outputs(model, result.model, feeds, atol=0.0)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_causal_buffer_over_batched_3d_matmuls_with_static_sizes(heads, target):
+    """The buffer sliced by static sizes is a constant this evaluation computes: its shape is the array's,
+    not the unknowns ONNX shape inference invents for it (which hid the heads axis of the scores)."""
+    model = attention_model(
+        Variant(mask="padding_int", causal="buffer_where", matmul="batched_3d", heads=heads, symbolic=False)
+    )
+    _fuse_checked(model, target, feeds_for(model, left_padding=True))
