@@ -557,7 +557,7 @@ def _validate(
     entries = _fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
     try:
-        data, expected = _original_outputs(original, feeds, names, weights)
+        data, expected = validate.original_outputs(original, feeds, names, weights=weights)
     except Exception as err:
         # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
@@ -589,29 +589,6 @@ def _validate(
     if not report.validated and not failing:  # outputs off but nothing singled out: roll back all
         failing = dict.fromkeys(entries, (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff))
     return failing
-
-
-def _original_outputs(
-    original: onnx.ModelProto, feeds: dict | None, names: list[str], weights: protos.DetachedWeights | None
-) -> tuple[dict, dict]:
-    """The feeds validation uses and the original's outputs on them: the user's feeds, or generated ones —
-    with dims bound independently, else (when the original fails on those) longer ones (``validate.long_dims``)
-    or the first related binding it runs on (``validate.related_bindings``). Raises the first failure when none
-    runs."""
-    if feeds is not None:
-        return feeds, validate.run(original, feeds, names, weights=weights)
-    data = validate.make_feeds(original)
-    try:
-        return data, validate.run(original, data, names, weights=weights)
-    except Exception as first:
-        # longer inputs first (a speech front end's strided convolutions), then related dims
-        for dims in [validate.long_dims(original, 80), *validate.related_bindings(original)]:
-            data = validate.make_feeds(original, dims=dims)
-            try:
-                return data, validate.run(original, data, names, weights=weights)
-            except Exception:  # the next binding is tried; the first error is the one reported
-                continue
-        raise first
 
 
 def _fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:

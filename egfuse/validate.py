@@ -244,6 +244,33 @@ def run(
     return dict(zip(names, sess.run(names, feeds), strict=True))
 
 
+def original_outputs(
+    original: onnx.ModelProto,
+    feeds: dict[str, np.ndarray] | None,
+    names: list[str],
+    *,
+    weights: protos.DetachedWeights | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The feeds validation uses and the original's outputs on them. The user's feeds are used as they are
+    (never another binding: the user said what the model runs on); generated feeds are tried with dims bound
+    independently, then longer ones (:func:`long_dims`: a speech front end), then the related bindings
+    (:func:`related_bindings`: a cache's lengths) — the first the original runs on is kept. Raises the first
+    failure when none runs."""
+    if feeds is not None:
+        return feeds, run(original, feeds, names, weights=weights)
+    data = make_feeds(original)
+    try:
+        return data, run(original, data, names, weights=weights)
+    except Exception as first:
+        for dims in [long_dims(original, 80), *related_bindings(original)]:
+            data = make_feeds(original, dims=dims)
+            try:
+                return data, run(original, data, names, weights=weights)
+            except Exception:  # the next binding is tried; the first error is the one reported
+                continue
+        raise first
+
+
 HALF_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 
