@@ -41,6 +41,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+import corpus  # stdlib and numpy only: it imports in every stack's environment
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "tests" / "data" / "drift"
 DEFAULT_ENVS = Path("/root/.cache/egfuse-drift/envs")
@@ -140,18 +143,9 @@ class Spec:
 
 
 @dataclass
-class Entry:
-    name: str
-    exporter: str
-    file: str | None
-    blocks: int
-    flavour: list[str]
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inputs: dict[str, dict] = field(default_factory=dict)
-    error: str | None = None
-    export_seconds: float = 0.0
+class Entry(corpus.Entry):
+    """A manifest row as the main corpus writes it, with what this stack's export needs said about it."""
+
     note: str | None = None  # e.g. the dynamo export fell back to static shapes
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
+import egfuse
 from egfuse import validate
 
 DATA = Path(__file__).parent / "data"
@@ -54,6 +55,15 @@ def fused_op_count(model: onnx.ModelProto, target: str) -> int:
     names = FUSED_OPS[target]
     names = (names,) if isinstance(names, str) else names
     return sum(counts.get(n, 0) for n in names)
+
+
+def fuse_one_block(model: onnx.ModelProto, target: str, feeds: dict) -> egfuse.FuseResult:
+    """``model``'s one attention block fused for ``target`` and validated on ``feeds``, as one fused op."""
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert result.report.validated is True, str(result.report)
+    assert fused_op_count(result.model, target) == 1
+    return result
 
 
 @pytest.fixture(params=["ort", "onnx"])

@@ -80,14 +80,7 @@ def test_a_computed_tensor_cut_to_a_symbolic_length_is_not_claimed():
 def test_causal_buffer_cut_to_the_sequence_fuses(name, target):
     """torch 2.1's dynamo export: the ``bias`` buffer sliced to ``Shape(input_ids)[1]`` under a ``Where``
     (and GPT-Neo's ``arange(0, S) < S + (S - S)`` mask arithmetic) are (S, S) facts."""
-    path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
-    model = onnx.load(path)
-    with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
-        feeds = {i.name: data[i.name] for i in model.graph.input}
-    result = egfuse.fuse(path, target=target, feeds=feeds)
-    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
-    assert result.report.validated is True
-    assert_same_outputs(model, result.model, feeds)
+    _fuses_both_blocks(name, target)
 
 
 def test_probabilities_cast_like_themselves_fuse(target):
@@ -163,10 +156,8 @@ def test_rope_from_stored_tables_cut_to_the_sequence_fuses(concat, interleaved, 
     assert_same_outputs(model, result.model, feeds)
 
 
-@pytest.mark.parametrize("name", ["llama_eager"])
-def test_rope_of_torch21_dynamo_export_fuses(name, target):
-    """The real late-2023 export: RoPE tables cut with a symbolic Slice, gathered by ``GatherND``, rotate_half
-    concatenated from a sequence, and the causal mask built from ``arange`` arithmetic."""
+def _fuses_both_blocks(name: str, target: str) -> None:
+    """The stored torch 2.1 export ``name``: both blocks fuse and validate, and match it on its own feeds."""
     path = OLD_DYNAMO / f"{name}.torch21.dynamo.onnx"
     model = onnx.load(path)
     with np.load(OLD_DYNAMO / f"{name}.torch21.dynamo.feeds.npz") as data:
@@ -175,6 +166,13 @@ def test_rope_of_torch21_dynamo_export_fuses(name, target):
     assert result.report.fused == len(result.report.regions) == 2, str(result.report)
     assert result.report.validated is True
     assert_same_outputs(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("name", ["llama_eager"])
+def test_rope_of_torch21_dynamo_export_fuses(name, target):
+    """The real late-2023 export: RoPE tables cut with a symbolic Slice, gathered by ``GatherND``, rotate_half
+    concatenated from a sequence, and the causal mask built from ``arange`` arithmetic."""
+    _fuses_both_blocks(name, target)
 
 
 def _torchlib_gather() -> onnx.ModelProto:
