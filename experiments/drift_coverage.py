@@ -109,7 +109,7 @@ def _original_fails(model: Path) -> str | None:
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         session.run(None, dict(np.load(model.with_name(model.name.replace(".onnx", ".feeds.npz")))))
     except Exception as err:
-        return str(err).strip().splitlines()[0][:200]
+        return str(err).strip().splitlines()[0].replace(f"{ROOT}/", "")[:200]  # results hold repo paths
     return None
 
 
