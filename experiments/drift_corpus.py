@@ -351,20 +351,7 @@ def _dynamic_axes(name: str, array: np.ndarray, past: bool) -> dict[int, str]:
     return {0: "batch", 1: "total_sequence" if name == "attention_mask" and past else "sequence"}
 
 
-@contextlib.contextmanager
-def _quiet_fds():
-    """Silence stdout/stderr at the file-descriptor level (the TorchScript exporter prints from C++)."""
-    saved = [os.dup(1), os.dup(2)]
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 1)
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
+_quiet_fds = corpus._quiet_fds  # the TorchScript exporter prints from C++, past redirect_stdout
 
 
 def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], axes: dict, path: Path) -> str | None:
