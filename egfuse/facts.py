@@ -166,6 +166,25 @@ def _add(a: Dim | None, b: Dim | None, subtract: bool) -> Dim | None:
     return None if total.summed else total
 
 
+def _axes_and_steps(node: ir.Node, args: list, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A Slice's axes and steps from its constant inputs ``args`` (starts, ends, axes, steps), the defaults where
+    absent; ``None`` where one is given but not a constant."""
+    if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
+        len(args) > 3 and node.inputs[4] is not None and args[3] is None
+    ):
+        return None
+    axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(count)
+    steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(count, np.int64)
+    return axes, steps
+
+
+def _sharpened(known: Shape | None, computed: Shape) -> Shape:
+    """``computed`` where it names a dim that ``known`` (shape inference's) lacks or invented, ``known`` elsewhere."""
+    if known is None or len(known) != len(computed):
+        return computed
+    return tuple(c if (k is None or k.invented) and c is not None else k for k, c in zip(known, computed, strict=True))
+
+
 def _same_dim(a: Dim | None, b: Dim | None) -> bool | None:
     """Whether two dims are equal: the same dim, or two different numbers; ``None`` where that is not known."""
     if a is None or b is None:
@@ -325,12 +344,7 @@ class GraphFacts:
             return
         for out, part in zip(node.outputs, parts, strict=True):
             result = tuple(part if i == axis else d for i, d in enumerate(shape))
-            known = self.shape(out)
-            if known is not None and len(known) == len(result):
-                result = tuple(
-                    r if (k is None or k.invented) and r is not None else k for k, r in zip(known, result, strict=True)
-                )
-            self._shape[out] = result
+            self._shape[out] = _sharpened(self.shape(out), result)
 
     def _visit_constant(self, node: ir.Node, out: ir.Value) -> None:
         for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):
@@ -447,12 +461,10 @@ class GraphFacts:
         if len(args) < 2 or args[0] is None or args[1] is None:
             return None
         starts, ends = args[0].reshape(-1), args[1].reshape(-1)
-        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
-        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
-        if (len(args) > 2 and node.inputs[3] is not None and args[2] is None) or (
-            len(args) > 3 and node.inputs[4] is not None and args[3] is None
-        ):
+        given = _axes_and_steps(node, args, len(starts))
+        if given is None:
             return None
+        axes, steps = given
         out = list(shape)
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
             axis = int(axis) % len(shape)
@@ -474,14 +486,10 @@ class GraphFacts:
         if not self._stored(node.inputs[0]):
             return None  # only a stored buffer has the fixed "maximum length" the cut stays within
         starts, ends = args[0].reshape(-1), self.elems(node.inputs[2])
-        axes = args[2].reshape(-1) if len(args) > 2 and args[2] is not None else np.arange(len(starts))
-        steps = args[3].reshape(-1) if len(args) > 3 and args[3] is not None else np.ones(len(starts), np.int64)
-        if (
-            (len(args) > 2 and node.inputs[3] is not None and args[2] is None)
-            or (len(args) > 3 and node.inputs[4] is not None and args[3] is None)
-            or not len(starts) == len(ends) == len(axes) == len(steps)
-        ):
+        given = _axes_and_steps(node, args, len(starts))
+        if given is None or not len(starts) == len(ends) == len(given[0]) == len(given[1]):
             return None
+        axes, steps = given
         out = list(shape)
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
             axis = int(axis) % len(shape)
@@ -594,10 +602,6 @@ class GraphFacts:
             target = tuple(d if d is not None and d != Dim(1) else (d if d is None else Dim(1))
                            for d in self.elems(node.inputs[1]))  # fmt: skip
             result = _broadcast(ins[0], target)
-        elif op in ("Max", "Min") and ins and all(s is not None for s in ins):
-            result = ins[0]
-            for s in ins[1:]:
-                result = _broadcast(result, s)
         elif op == "Gather" and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
             axis = int(_attr(node, "axis", 0)) % len(ins[0])  # an embedding lookup keeps the ids' (B, S)
             result = (*ins[0][:axis], *ins[1], *ins[0][axis + 1 :])
@@ -609,11 +613,7 @@ class GraphFacts:
                 result = (ins[0][0], ins[1][0], *ins[0][2:])  # a 1×1 convolution keeps the spatial dims
         if result is None:
             return
-        if known is not None and len(known) == len(result):
-            result = tuple(
-                r if (k is None or k.invented) and r is not None else k for k, r in zip(known, result, strict=True)
-            )
-        self._shape[out] = result
+        self._shape[out] = _sharpened(known, result)
 
 
 def _einsum_shape(equation: str, shapes: list) -> Shape | None:
