@@ -89,6 +89,12 @@ def _result_size(op: str, ins: list) -> float:
 _NUMPY: dict[str, Callable[[ir.Node, list], np.ndarray | None]] = {
     "Identity": lambda n, x: x[0],
     "Cast": lambda n, x: x[0].astype(ir.DataType(_attr(n, "to")).numpy()),
+    "CastLike": lambda n, x: x[0].astype(x[1].dtype),
+    "IsNaN": lambda n, x: np.isnan(x[0]),
+    "IsInf": lambda n, x: (
+        (np.isposinf(x[0]) & bool(_attr(n, "detect_positive", 1)))
+        | (np.isneginf(x[0]) & bool(_attr(n, "detect_negative", 1)))
+    ),
     "Sqrt": lambda n, x: np.sqrt(x[0]),
     "Reciprocal": lambda n, x: (1 / x[0]).astype(x[0].dtype),
     "Neg": lambda n, x: -x[0],

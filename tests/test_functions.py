@@ -206,3 +206,48 @@ def test_real_old_dynamo_exports_fuse(name, target):
     assert result.report.fused == len(result.report.regions) == 1, str(result.report)
     assert result.report.validated is True
     assert_same_outputs(model, result.model, feeds)
+
+
+def _with_vector_norm(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` plus torchlib's ``aten_linalg_vector_norm`` as the 2024 dynamo exporter writes it: nested Ifs
+    on ``IsInf(ord)`` and ``ord == CastLike(k, ord)`` for a constant ord (wav2vec2's weight norm)."""
+    out = helper.make_tensor_value_info
+    f32 = onnx.TensorProto.FLOAT
+
+    def branch(name: str, nodes: list, result: str) -> onnx.GraphProto:
+        return helper.make_graph(nodes, name, [], [out(result, f32, None)])
+
+    def const(name: str, value: float) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(value, "f")))
+
+    def reduce(op: str) -> onnx.GraphProto:
+        return branch(op, [helper.make_node(op, ["y"], [f"{op}_out"], axes=[-1], keepdims=0)], f"{op}_out")
+
+    def if_(cond: str, out: str, then: onnx.GraphProto, other: onnx.GraphProto) -> onnx.NodeProto:
+        return helper.make_node("If", [cond], [out], then_branch=then, else_branch=other)
+
+    is_one = branch("is_one", [const("one", 1.0), helper.make_node("CastLike", ["one", "ord_f"], ["one_c"]),
+                               helper.make_node("Equal", ["ord_f", "one_c"], ["c1"]),
+                               if_("c1", "r1", reduce("ReduceL1"), reduce("ReduceL2"))], "r1")  # fmt: skip
+    finite = branch("finite", [helper.make_node("IsInf", ["ord_f"], ["c2"], detect_negative=1, detect_positive=0),
+                               if_("c2", "r2", reduce("ReduceMin"), is_one)], "r2")  # fmt: skip
+    model.graph.node.extend([
+        const("ord", 2.0),
+        helper.make_node("Cast", ["ord"], ["ord_f"], to=f32),
+        helper.make_node("IsInf", ["ord_f"], ["c0"], detect_negative=0),
+        if_("c0", "norm", reduce("ReduceMax"), finite),
+    ])  # fmt: skip
+    model.graph.output.append(out("norm", f32, None))
+    return model
+
+
+def test_ifs_on_constant_tests_are_folded_nested_too(target):
+    """onnxruntime 1.32 crashes (a segfault in ConstantFolding) loading such a nest once the opset is raised to
+    23; folded, the model holds the branch taken (ReduceL2) and no If at all."""
+    model = _with_vector_norm(attention_model(Variant()))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "If" not in ops and "ReduceL2" in ops, ops
+    assert_same_outputs(model, result.model, feeds)
