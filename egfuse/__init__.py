@@ -7,6 +7,7 @@
 
 from egfuse.api import Budgets, FuseResult, fuse
 from egfuse.errors import EgfuseError
+from egfuse.targets import targets
 
-__all__ = ["Budgets", "EgfuseError", "FuseResult", "fuse"]
+__all__ = ["Budgets", "EgfuseError", "FuseResult", "fuse", "targets"]
 __version__ = "0.1.0"

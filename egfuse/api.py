@@ -22,6 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
 from egfuse import diagnose, functions, protos, validate
+from egfuse.cost import CostModel
 from egfuse.dims import integer_text_dims
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
@@ -32,11 +33,11 @@ from egfuse.raise_ import Emitter, replace_output
 from egfuse.regions import find_regions
 from egfuse.report import RegionReport, Report, RotaryReport
 from egfuse.rotary import RotaryWriter, find_rotations
-from egfuse.rules import TARGET_RULES
+from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
+from egfuse.shapes import class_shapes
 from egfuse.targets import get_target
-from egfuse.targets.base import DOMAIN_OPSETS, FUSED, STANDARD_ATTENTION_OPSET, Target
-from egfuse.targets.ort import OrtTarget
+from egfuse.targets.spec import FUSED, STANDARD_ATTENTION_OPSET, TargetSpec
 
 
 @dataclass
@@ -69,15 +70,20 @@ class FuseResult:
 
 def fuse(
     model: ModelLike,
-    target: str = "ort",
+    target: str | TargetSpec = "ort",
     validate: bool = True,
     *,
     feeds: dict | None = None,
     budgets: Budgets | None = None,
+    shapes: dict[str, int] | None = None,
 ) -> FuseResult:
-    """Fuse every attention block of ``model`` for ``target`` ("ort" or "onnx"), proven on onnxruntime."""
+    """Fuse every attention block of ``model`` for ``target`` (``egfuse.targets()`` lists them), proven on
+    onnxruntime. ``shapes`` binds symbolic dims (a symbol, or a word in it: ``{"seq": 512, "past": 1024}``) to
+    the sizes the cost model should choose the fastest form for."""
     start = time.perf_counter()
     chosen = get_target(target)  # fail early on an unknown name
+    if shapes is not None:
+        chosen = chosen.for_shapes(shapes)
     loaded = load(model)
     budgets = budgets or Budgets()
     searched = loaded.proto
@@ -92,7 +98,7 @@ def fuse(
 
 
 def _fuse_through_functions(
-    loaded: LoadedModel, chosen: Target, validate: bool, feeds: dict | None, budgets: Budgets
+    loaded: LoadedModel, chosen: TargetSpec, validate: bool, feeds: dict | None, budgets: Budgets
 ) -> tuple[onnx.ModelProto, Report, onnx.ModelProto]:
     """Fuse a model whose graph calls model-local functions: search the fully inlined model, then inline only
     the functions that held what fused (and their callers), so every other function stays as written. The
@@ -155,7 +161,7 @@ def _outcome(report: Report) -> tuple:
 
 def _fuse_loaded(
     loaded: LoadedModel,
-    chosen: Target,
+    chosen: TargetSpec,
     validate: bool,
     feeds: dict | None,
     budgets: Budgets,
@@ -179,7 +185,7 @@ def _fuse_loaded(
 
 def _fuse(
     loaded: LoadedModel,
-    chosen: Target,
+    chosen: TargetSpec,
     validate: bool,
     feeds: dict | None,
     budgets: Budgets,
@@ -196,7 +202,7 @@ def _fuse(
     fused_proto, report = fuse_once(prepared, chosen)
     opset_note = None
     if _needs_standard_opset(prepared, fused_proto):
-        converted, chosen, opset_note = _admit_standard_attention(loaded, prepared)
+        converted, chosen, opset_note = _admit_standard_attention(loaded, prepared, chosen)
         if converted is not None and _same_nodes(converted, loaded.proto):
             # The conversion only renumbered the opset: what was fused stands, under the new number.
             prepared = _bump_opset(prepared, STANDARD_ATTENTION_OPSET)
@@ -247,11 +253,11 @@ def _fuse(
 # --- stages -------------------------------------------------------------------------------------------------
 
 
-def _prepare(loaded: LoadedModel, target: Target, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
+def _prepare(loaded: LoadedModel, target: TargetSpec, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
     """Raise the opset where the target needs it and infer shapes; returns the model and a note for the report."""
     proto, note = loaded.proto, None
     old = default_opset(proto)
-    if target.name == "onnx" and old < STANDARD_ATTENTION_OPSET:
+    if target.requires_standard_opset and old < STANDARD_ATTENTION_OPSET:
         converted, reason = _to_standard_opset(proto)
         if converted is None and not will_validate:
             raise EgfuseError(
@@ -282,8 +288,8 @@ _STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding"})
 
 
 def _admit_standard_attention(
-    loaded: LoadedModel, prepared: onnx.ModelProto
-) -> tuple[onnx.ModelProto | None, Target, str]:
+    loaded: LoadedModel, prepared: onnx.ModelProto, target: TargetSpec
+) -> tuple[onnx.ModelProto | None, TargetSpec, str]:
     """The model converted to opset 23, for ``ort`` to use the standard op where it runs fastest — or, where
     onnx's converter cannot convert it, None and a target that does without the standard op (grouped K/V
     heads are then repeated for MultiHeadAttention). Unlike the ``onnx`` target, ``ort`` has that fallback,
@@ -296,12 +302,12 @@ def _admit_standard_attention(
             "so the standard Attention and RotaryEmbedding ops were not used (grouped K/V heads are repeated for "
             "MultiHeadAttention, RoPE stays as it was)"
         )
-        return None, OrtTarget(standard_attention=False), note
+        return None, target.below_opset(old), note
     note = (
         f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard ops onnxruntime "
         "runs fastest: Attention on (B, N, S, H) inputs and grouped K/V heads, RotaryEmbedding"
     )
-    return converted, OrtTarget(standard_attention=True), note
+    return converted, target, note
 
 
 def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
@@ -364,7 +370,7 @@ def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
 
 def _fuse_once(
     prepared: onnx.ModelProto,
-    target: Target,
+    target: TargetSpec,
     *,
     budgets: Budgets,
     excluded: dict[RegionKey, tuple[str, float]],
@@ -399,7 +405,7 @@ def _fuse_once(
     t0 = time.perf_counter()
     start_size = session.size()
     stats = session.run(
-        TARGET_RULES[target_name],
+        ruleset_for(target.rule_families),
         max_iterations=budgets.max_iterations,
         max_enodes=int(start_size * budgets.max_enodes_factor) + 1000,
         max_seconds=budgets.max_seconds,
@@ -417,11 +423,14 @@ def _fuse_once(
         for node in nodes:
             if node.op in ("ref", "value"):
                 class_of[lowerer.table.values[node.args[0]]] = cid
-    choice = extract(classes, target)
-    runnable = set(target.fused_costs)
+    shapes = class_shapes(classes, lowerer.table, facts)
+    cost_model = CostModel(target, classes, shapes)
+    choice = extract(classes, cost_model)
+    runnable = {op.constructor for op in target.ops}
 
-    any_fused = masked = False
-    domains: set[str] = set()
+    any_fused = False
+    opsets: set[tuple[str, int]] = set()
+    notes: list[str] = []
     no_bias_classes = {cid for cid, nodes in classes.items() if any(n.op == "no_bias" for n in nodes)}
     for region in regions:
         entry = RegionReport(
@@ -435,6 +444,7 @@ def _fuse_once(
         report.regions.append(entry)
         main = class_of.get(region.main_output)
         fused_ops = _fused_ops(main, choice) if main is not None else []
+        entry.candidates = diagnose.candidates(main, classes, choice, cost_model) if main is not None else []
         if not fused_ops:
             entry.reason = diagnose.why_not(region, class_of, classes, runnable, target_name)
             continue
@@ -451,6 +461,8 @@ def _fuse_once(
             choice,
             target,
             f"egfuse/r{region.index}",
+            shapes,
+            default_opset(prepared),
         )
         # Only outputs whose program goes through the fused op are rewritten; the rest (a mask shared with
         # the next layer, a projection used elsewhere) keep their original nodes.
@@ -468,25 +480,22 @@ def _fuse_once(
         for old, new in replacements:
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
-        entry.fused_into = target.op_label(fused_ops[0])
-        domains.update(target.op_domain(op) for op in fused_ops)
+        written = [target.op_for(op.op) for op in fused_ops]
+        entry.fused_into = written[0].label
+        opsets.update((op.domain, op.opset) for op in written)
         if emitter.cache_note is not None:
             entry.variants["kv cache"] = emitter.cache_note
-        masked = masked or (target.op_domain(fused_ops[0]) == "" and fused_ops[0].args[3] not in no_bias_classes)
+        if written[0].mask_note and fused_ops[0].args[3] not in no_bias_classes and written[0].mask_note not in notes:
+            notes.append(written[0].mask_note)
         any_fused = True
 
-    if masked:
-        report.notes.append(
-            "onnxruntime's standard Attention gives 0 for a query row masked entirely with -inf or finfo.min "
-            "(the primitive ops give NaN, or the mean of V); select-mask fills are written one ulp above "
-            "finfo.min to keep the mean, and validation checks padded inputs"
-        )
+    report.notes.extend(notes)
     if rotated:
-        domains.add("")
+        opsets.add(("", STANDARD_ATTENTION_OPSET))
     if any_fused or rotated:
-        for domain in domains:
-            if model.opset_imports.get(domain, 0) < DOMAIN_OPSETS[domain]:
-                model.opset_imports[domain] = DOMAIN_OPSETS[domain]
+        for domain, version in opsets:
+            if model.opset_imports.get(domain, 0) < version:
+                model.opset_imports[domain] = version
         ir_passes.RemoveUnusedNodesPass()(model)
         ir_passes.TopologicalSortPass()(model)
     out = ir.serde.serialize_model(model)
@@ -504,13 +513,13 @@ RegionKey = int | tuple[str, int]
 def _fuse_rotations(
     graph: ir.Graph,
     facts: GraphFacts,
-    target: Target,
+    target: TargetSpec,
     excluded: dict[RegionKey, tuple[str, float]],
     report: Report,
     origins: dict[str, str] | None = None,
 ) -> bool:
     """Write each proven RoPE as one ``RotaryEmbedding``; the report says what became of each."""
-    writer, unavailable, rotated = RotaryWriter(graph, facts), target.rotary_embedding(), False
+    writer, unavailable, rotated = RotaryWriter(graph, facts), target.no_rotary, False
     for candidate in find_rotations(graph, facts):
         rotation = candidate.rotation
         entry = RotaryReport(candidate.index, candidate.output_name, "not fused", reason=candidate.reason)

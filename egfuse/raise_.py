@@ -16,7 +16,9 @@ from egfuse.facts import GraphFacts
 from egfuse.kv_cache import SEQUENCE_AXIS, CacheConcat, depends_on, find_cache
 from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
-from egfuse.targets.base import FUSED, Target
+from egfuse.shapes import Shape, static
+from egfuse.targets.spec import FUSED, TargetSpec
+from egfuse.writers import WRITERS
 
 _LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
 """finfo.min of each float type, as the f64 a fill is kept as in the e-graph."""
@@ -99,10 +101,14 @@ class Emitter(NodeBuilder):
         classes: dict[EClass, list[ENode]],
         ranks: dict[EClass, object],
         choice: dict[EClass, Choice],
-        target: Target,
+        target: TargetSpec,
         prefix: str,
+        shapes: dict[EClass, Shape] | None = None,
+        opset: int = 18,
     ) -> None:
         super().__init__(graph, prefix)
+        self.shapes = shapes or {}
+        self.opset = opset
         self.facts = facts
         self.lowered = lowered
         self.classes = classes
@@ -192,6 +198,8 @@ class Emitter(NodeBuilder):
     def rank(self, cid: EClass, emitted: ir.Value) -> int:
         if cid in self.ranks:
             return int(self.ranks[cid])
+        if self.shapes.get(cid) is not None:
+            return len(self.shapes[cid])
         if emitted.shape is not None:
             return len(emitted.shape)
         derived = self._derived_rank(cid, depth=0)
@@ -212,6 +220,9 @@ class Emitter(NodeBuilder):
             return 4
         if node.op == "transpose":
             return len(node.args[1].split(","))
+        if node.op in ("add", "sub", "mul", "div", "where", "maximum"):  # broadcasting: the widest operand's
+            ranks = [self._derived_rank(c, depth + 1) for c in node.children]
+            return None if None in ranks else max(ranks)
         child = self._derived_rank(node.args[0], depth + 1) if node.children else None
         if child is None:
             return None
@@ -308,6 +319,39 @@ class Emitter(NodeBuilder):
             return bool((array == np.finfo(array.dtype).min).any())
         return True
 
+    # --- helpers for writers --------------------------------------------------------------------------------
+    def static_dim(self, cid: EClass | None, value: ir.Value, axis: int, what: str) -> int:
+        """A dim that must be a number to write the op (a head count, a width split per head)."""
+        shape = self.facts.shape(value) if value not in self.created else None
+        found = static(shape, axis)
+        if found is None and cid is not None:
+            found = static(self.shapes.get(cid), axis)
+        if found is None:
+            raise ValueError(f"{what} is not a known number")
+        return found
+
+    def float_dtype(self, value: ir.Value) -> np.dtype:
+        floating = value.dtype is not None and value.dtype.is_floating_point()
+        return np.dtype(value.dtype.numpy()) if floating else np.dtype(np.float32)
+
+    def split(self, x: ir.Value, sizes: list[int], axis: int) -> list[ir.Value]:
+        """``Split`` into parts of ``sizes`` (the sizes an input from opset 13, an attribute before)."""
+        if self.opset >= 13:
+            inputs, attrs = [x, self.const(np.array(sizes, np.int64), "split")], {"axis": axis}
+        else:
+            inputs, attrs = [x], {"axis": axis, "split": sizes}
+        return self.node_outputs("Split", inputs, attrs, like=x, count=len(sizes))
+
+    def squeeze(self, x: ir.Value, axis: int) -> ir.Value:
+        if self.opset >= 13:
+            return self.node("Squeeze", [x, self.const(np.array([axis], np.int64), "axes")], like=x)
+        return self.node("Squeeze", [x], {"axes": [axis]}, like=x)
+
+    def unsqueeze(self, x: ir.Value, axis: int) -> ir.Value:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.const(np.array([axis], np.int64), "axes")], like=x)
+        return self.node("Unsqueeze", [x], {"axes": [axis]}, like=x)
+
     # --- terms -----------------------------------------------------------------------------------------------
     def value(self, cid: EClass) -> ir.Value:
         if cid not in self.memo:
@@ -335,7 +379,7 @@ class Emitter(NodeBuilder):
         if op == "full_like":
             like = self.value(a[0])
             dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            fill = float(a[1]) if cid in self.exact_fills else self.target.mask_fill(float(a[1]), dtype)
+            fill = float(a[1]) if cid in self.exact_fills else mask_fill(float(a[1]), dtype)
             return self.const(np.array(fill, dtype=dtype), "fill")
         if op == "zero_bias":
             weight = self.constant_array(a[0])
@@ -380,9 +424,26 @@ class Emitter(NodeBuilder):
             head = [-1] if op == "merge_lead" else [-1, int(a[1])]
             spec = self.node("Concat", [self.const(np.array(head, np.int64), "shape"), shape], {"axis": 0})
             return self.node("Reshape", [x, spec], like=x)
-        if op in self.target.fused_costs:
-            return self.target.emit(n, self)
+        fused = self.target.op_for(op)
+        if fused is not None:
+            return WRITERS[fused.writer](n, self, fused)
         raise ValueError(f"cannot emit {op} for target {self.target.name}")
+
+
+def mask_fill(fill: float, dtype: np.dtype) -> float:
+    """The number to write for a select mask's fill so every kernel computes what the graph did.
+
+    onnxruntime's standard ``Attention`` reads a mask entry equal to ``lowest`` (finfo.min) as −inf and gives 0
+    for a query row masked entirely that way, where the primitive ops give the mean of V. One ulp above
+    ``lowest`` means the same to the graph's algebra (added to any score it still rounds to the fill itself, so a
+    fully masked row stays uniform) and to every kernel, so every target gets that — for a mask made of fills
+    alone: next to another term that may hold ``lowest`` (a padding mask) the moved fill would break their tie,
+    so the emitter writes the fill as it is there (:meth:`Emitter.mark_exact_fills`) and the standard op gets
+    the whole mask moved instead (:meth:`Emitter.finite_mask`)."""
+    lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
+    if lowest is not None and fill == float(lowest):
+        return float(np.nextafter(lowest, dtype.type(0)))
+    return fill
 
 
 def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value, fresh: bool) -> None:

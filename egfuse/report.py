@@ -18,6 +18,9 @@ class RegionReport:
     max_abs_diff: float | None = None
     notes: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)  # model-local functions its nodes were inlined from
+    candidates: list[dict] = field(default_factory=list)
+    """The fused forms its e-class held, each with the op the target writes for it and the predicted cost (µs)
+    of the region written with it, cheapest first: the extraction's choice, explained."""
 
 
 @dataclass
@@ -121,6 +124,11 @@ class Report:
                 details = f"{r.reason}" + (f" [{details}]" if details else "")
             lines.append(f"  {r.index:>3}  {_clip(r.softmax, 34):<34} {_clip(result, 34):<34} {details}")
             lines.extend(f"       note: {n}" for n in r.notes)
+            priced = [c for c in r.candidates if c.get("cost_us") is not None]
+            if r.status == "fused" and len(priced) > 1:
+                others = ", ".join(f"{c['form']} → {c['op']} {c['cost_us']:.0f} µs" for c in priced[1:4])
+                lines.append(f"       chosen: {priced[0]['form']} → {priced[0]['op']}, {priced[0]['cost_us']:.0f} µs "
+                             f"predicted; over {others}")  # fmt: skip
         timing = self.stats.get("seconds_total")
         if timing is not None:
             lines.append(

@@ -35,9 +35,19 @@ CORE: Ruleset = (
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
-TARGET_RULES: dict[str, Ruleset] = {"onnx": CORE, "ort": CORE | ort.rules}
+FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
+"""Rule families a target may ask for beyond the core (``TargetSpec.rule_families``): forms only its ops take."""
+
+
+def ruleset_for(families: tuple[str, ...]) -> Ruleset:
+    """The core and the named families, as one ruleset."""
+    ruleset = CORE
+    for name in families:
+        ruleset = ruleset | FAMILIES[name]
+    return ruleset
+
 
 __all__ = [
-    "CORE", "TARGET_RULES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "precision",
-    "qbias", "scale", "softcap",
+    "CORE", "FAMILIES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "precision",
+    "qbias", "ruleset_for", "scale", "softcap",
 ]  # fmt: skip

@@ -69,8 +69,8 @@ def test_onnx_ir_pass_composes(model):
 
 
 def test_unknown_target_is_a_clear_error(model):
-    with pytest.raises(ValueError, match="unknown target 'npu'"):
-        egfuse.fuse(model, target="npu")
+    with pytest.raises(ValueError, match="unknown target 'tpu'; choose one of: ort, onnx, npu"):
+        egfuse.fuse(model, target="tpu")
 
 
 def test_report_json_roundtrip(model):

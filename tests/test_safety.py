@@ -11,8 +11,8 @@ import pytest
 from onnx import helper
 
 import egfuse
+from egfuse import writers
 from egfuse.raise_ import Emitter
-from egfuse.targets.ort import OrtTarget
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from .conftest import assert_same_outputs, topologically_sorted
@@ -132,13 +132,17 @@ def test_rows_masked_entirely_with_minus_inf_roll_back_on_the_standard_op():
 
 
 def test_failed_validation_rolls_the_region_back(monkeypatch):
-    real_emit = OrtTarget.emit
+    real_writers = dict(writers.WRITERS)
 
-    def wrong_scale(self, node, emitter):
-        node = dataclasses.replace(node, args=tuple(a * 1.5 if isinstance(a, float) else a for a in node.args))
-        return real_emit(self, node, emitter)
+    def wrong_scale(name):
+        def write(node, emitter, op):
+            node = dataclasses.replace(node, args=tuple(a * 1.5 if isinstance(a, float) else a for a in node.args))
+            return real_writers[name](node, emitter, op)
 
-    monkeypatch.setattr(OrtTarget, "emit", wrong_scale)
+        return write
+
+    for name in real_writers:
+        monkeypatch.setitem(writers.WRITERS, name, wrong_scale(name))
     model = attention_model(BASE)
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target="ort", feeds=feeds)

@@ -1,23 +1,31 @@
-"""Hardware targets: which constructors each can run, what they cost, how a fused term becomes ONNX.
+"""Hardware targets, each one module of data (:class:`~egfuse.targets.spec.TargetSpec`) and one line here.
 
-A target is a cost model (``None`` = cannot run) plus emitters for the fused constructors it runs. The
-primitive constructors raise the same way for every target (see :mod:`egfuse.raise_`).
+A target says which fused constructors it can write and how (``FusedOp``), and what running things costs
+(``CostParams``); raising (:mod:`egfuse.writers`) and extraction (:mod:`egfuse.cost`) read it. Adding a target
+touches nothing but a new module and :data:`TARGETS`.
 """
 
 from __future__ import annotations
 
-from egfuse.targets.base import Target
-from egfuse.targets.onnx import OnnxTarget
-from egfuse.targets.ort import OrtTarget
+from egfuse.targets import npu, onnx, ort
+from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
 
-TARGETS: dict[str, type[Target]] = {"onnx": OnnxTarget, "ort": OrtTarget}
+TARGETS: dict[str, TargetSpec] = {spec.name: spec for spec in (ort.SPEC, onnx.SPEC, npu.SPEC)}
 
 
-def get_target(name: str) -> Target:
+def get_target(name: str | TargetSpec) -> TargetSpec:
+    """The registered target of that name (a spec given is its own target: a calibrated or restricted one)."""
+    if isinstance(name, TargetSpec):
+        return name
     try:
-        return TARGETS[name]()
+        return TARGETS[name]
     except KeyError:
         raise ValueError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
 
 
-__all__ = ["TARGETS", "Target", "get_target"]
+def targets() -> dict[str, str]:
+    """Each target's name and one-line description, in the order the CLI lists them."""
+    return {name: spec.description for name, spec in TARGETS.items()}
+
+
+__all__ = ["STANDARD_ATTENTION_OPSET", "TARGETS", "CostParams", "FusedOp", "TargetSpec", "get_target", "targets"]

@@ -178,3 +178,18 @@ def test_value_of_the_wrong_rank_is_not_fused(variant, target):
     reshape = next(n for n in model.graph.node if n.output[0] == transpose.input[0])
     pv.input[1] = reshape.input[0]  # (B, S, H): broadcasting, not attention
     assert _near_miss(model, target, variant).report.fused == 0
+
+
+@given(variants())
+def test_every_spelling_fuses_for_npu(variant):
+    """The npu target writes every drawn spelling as single-head attention: one Softmax a head, no fused op,
+    matching the original on two input draws."""
+    model = attention_model(variant)
+    feeds = feeds_for(model, seed=variant.seed)
+    result = egfuse.fuse(model, target="npu", feeds=feeds)
+    assert result.report.fused == 1, f"{variant}\n{result.report}"
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("Softmax") == variant.heads, f"{variant}\n{result.report}"
+    assert not [op for op in ops if "Attention" in op], ops
+    _assert_matches(model, result.model, feeds)
+    _assert_matches(model, result.model, feeds_for(model, seed=variant.seed + 1, batch=3, seq=4))

@@ -1,0 +1,241 @@
+"""Calibration: time every form a target can write on the local onnxruntime, fit the target's cost
+parameters, and write them as a profile (JSON) that ``egfuse optimize --profile`` reads.
+
+Each case is one attention block (:func:`egfuse.testing.attention_model`) at a realistic width and a shape
+binding (encoder, prefill, decode over a cache, grouped K/V heads). egfuse fuses it once per form the
+target can write (the target restricted to that one op), and the unfused block is timed beside them:
+sessions with onnxruntime's default options, runs interleaved so the machine's drift hits every form alike,
+medians kept. The fit is a line per fused op — measured time of the op against its roofline work —
+whose slope is the op's efficiency and whose intercept its fixed overhead, and one scale for the primitive
+ops' throughput. What the fit predicts is checked against the measurement by experiments/cost_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from egfuse.targets.spec import FusedOp, TargetSpec
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention block and the sizes it runs at."""
+
+    name: str
+    variant: dict
+    sizes: dict[str, int]  # batch, seq, past_seq (the cache), kv_seq (cross-attention memory)
+
+    def binding(self) -> dict[str, int]:
+        b = dict(self.sizes)
+        b["total_seq"] = b.get("past_seq", 0) + b["seq"]
+        return b
+
+
+WIDTH = {"heads": 12, "head_dim": 64, "k_layout": "transpose_0132"}
+
+
+def grid(quick: bool = False) -> list[Case]:
+    """Encoders and prefill at several lengths, decode steps over short and long caches, GQA."""
+    cases = []
+    for seq in (32, 128, 512) if not quick else (32, 256):
+        cases.append(Case(f"encoder S={seq}", {**WIDTH}, {"batch": 1, "seq": seq}))
+        cases.append(Case(f"gqa S={seq}", {**WIDTH, "kv_heads": 4, "causal": "trilu"}, {"batch": 1, "seq": seq}))
+    for past in (128, 1024) if not quick else (512,):
+        cases.append(Case(f"decode past={past}", {**WIDTH, "past": True}, {"batch": 1, "seq": 1, "past_seq": past}))
+        cases.append(
+            Case(
+                f"gqa decode past={past}",
+                {**WIDTH, "kv_heads": 4, "past": True},
+                {"batch": 1, "seq": 1, "past_seq": past},
+            )
+        )
+    if not quick:
+        cases.append(Case("encoder B=8 S=64", {**WIDTH}, {"batch": 8, "seq": 64}))
+    return cases
+
+
+def feeds(model: onnx.ModelProto, case: Case, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs at the case's sizes: float data random, masks all zero (nothing padded; the work is the same)."""
+    rng = np.random.default_rng(seed)
+    sizes = case.binding()
+    out = {}
+    for value in model.graph.input:
+        dims = [d.dim_value or sizes[d.dim_param] for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        if value.name == "mask":
+            out[value.name] = np.zeros(dims, dtype) if np.issubdtype(dtype, np.floating) else np.ones(dims, dtype)
+        else:
+            out[value.name] = rng.standard_normal(dims).astype(dtype)
+    return out
+
+
+@dataclass
+class Measured:
+    """One (case, form): what the cost model predicted and what onnxruntime took."""
+
+    case: str
+    form: str
+    op: str
+    predicted_us: float
+    measured_us: float
+    own_us: float = 0.0  # the fused op's own predicted cost (0 for the unfused form)
+    roofline_us: float = 0.0  # its work at full efficiency
+    chosen: bool = False  # the form extraction picked for this case
+
+
+@dataclass
+class Calibration:
+    target: str
+    rows: list[Measured] = field(default_factory=list)
+
+
+def forms(case: Case, spec: TargetSpec) -> tuple[onnx.ModelProto, list[dict], dict[str, onnx.ModelProto]]:
+    """The case's block, the candidates extraction priced for it, and the block written in each runnable form."""
+    from egfuse.api import fuse
+    from egfuse.testing import Variant, attention_model
+
+    model = attention_model(Variant(**case.variant))
+    spec = spec.for_shapes(case.binding())
+    result = fuse(model, target=spec, validate=False)
+    candidates = result.report.regions[0].candidates if result.report.regions else []
+    written = {"unfused": model}
+    for candidate in candidates:
+        if candidate["form"] == "unfused" or candidate.get("cost_us") is None:
+            continue
+        only = replace(spec, ops=tuple(op for op in spec.ops if op.constructor == candidate["form"]))
+        forced = fuse(model, target=only, validate=False)
+        if forced.report.fused == 1:
+            written[candidate["form"]] = forced.model
+    chosen = _chosen_form(result.report)
+    for candidate in candidates:
+        candidate["chosen"] = candidate["form"] == chosen
+    return model, candidates, written
+
+
+def _chosen_form(report: object) -> str:
+    regions = report.regions  # type: ignore[attr-defined]
+    if not regions or regions[0].status != "fused":
+        return "unfused"
+    priced = [c for c in regions[0].candidates if c.get("cost_us") is not None and c["form"] != "unfused"]
+    return priced[0]["form"] if priced else "unfused"
+
+
+def time_models(
+    models: dict[str, onnx.ModelProto], inputs: dict, rounds: int = 15, repeat: int = 3
+) -> dict[str, float]:
+    """Median µs per run of each model, with onnxruntime's default session options, interleaved."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sessions = {}
+    for name, model in models.items():
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        wanted = {i.name for i in session.get_inputs()}
+        sessions[name] = (session, {k: v for k, v in inputs.items() if k in wanted})
+        for _ in range(3):
+            session.run(None, sessions[name][1])
+    samples: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, (session, feed) in sessions.items():
+            start = time.perf_counter()
+            for _ in range(repeat):
+                session.run(None, feed)
+            samples[name].append((time.perf_counter() - start) / repeat * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure(spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print) -> Calibration:
+    calibration = Calibration(spec.name)
+    for case in cases:
+        model, candidates, written = forms(case, spec)
+        times = time_models(written, feeds(model, case), rounds)
+        for candidate in candidates:
+            if candidate["form"] not in times:
+                continue
+            row = Measured(
+                case.name,
+                candidate["form"],
+                candidate["op"],
+                float(candidate["cost_us"]),
+                times[candidate["form"]],
+                float(candidate.get("own_us", 0.0)),
+                float(candidate.get("roofline_us", 0.0)),
+                bool(candidate.get("chosen")),
+            )
+            calibration.rows.append(row)
+            log(f"  {case.name:<22} {row.form:<17} predicted {row.predicted_us:9.1f}, measured {row.measured_us:9.1f}")
+    return calibration
+
+
+def fit(spec: TargetSpec, calibration: Calibration) -> dict:
+    """The profile: per fused op an efficiency and overhead (a least-squares line of its measured own time
+    against its roofline), and one factor on the primitive ops' throughput (the unfused forms' median ratio)."""
+    unfused = [r for r in calibration.rows if r.form == "unfused" and r.predicted_us > 0]
+    scale = statistics.median(r.measured_us / r.predicted_us for r in unfused) if unfused else 1.0
+    costs = spec.costs
+    fitted_costs = replace(
+        costs, gflops=costs.gflops / scale, gbytes=costs.gbytes / scale, op_overhead_us=costs.op_overhead_us * scale
+    )
+    ops = {}
+    for op in spec.ops:
+        rows = [r for r in calibration.rows if r.form == op.constructor and r.roofline_us > 0]
+        if len(rows) < 2:
+            continue
+        # The op's own measured time: the block's time less what the model says surrounds the op (rescaled).
+        own = np.array([max(r.measured_us - (r.predicted_us - r.own_us) * scale, 0.1) for r in rows])
+        work = np.array([r.roofline_us for r in rows])
+        slope, intercept = np.polyfit(work, own, 1) if np.ptp(work) > 0 else (own.mean() / work.mean(), 0.0)
+        slope = max(float(slope), 1e-3)
+        ops[op.constructor] = {
+            "efficiency": round(1.0 / slope, 4),
+            "overhead_us": round(max(float(intercept) - fitted_costs.op_overhead_us, 0.0), 3),
+        }
+    return {
+        "version": PROFILE_VERSION,
+        "target": spec.name,
+        "onnxruntime": _ort_version(),
+        "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
+        "costs": asdict(fitted_costs),
+        "ops": ops,
+    }
+
+
+def apply_profile(spec: TargetSpec, profile: dict) -> TargetSpec:
+    """``spec`` with a profile's fitted parameters (ops the profile does not name keep theirs)."""
+    return spec.with_profile(profile)
+
+
+def load_profile(path: str | Path) -> dict:
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable egfuse profile ({err})") from None
+    if not isinstance(profile, dict) or profile.get("version") != PROFILE_VERSION:
+        raise ValueError(f"{path}: not an egfuse profile of version {PROFILE_VERSION}")
+    return profile
+
+
+def _ort_version() -> str:
+    import onnxruntime as ort
+
+    return ort.__version__
+
+
+def calibrate(spec: TargetSpec, *, quick: bool = False, rounds: int = 15, log=print) -> tuple[dict, Calibration]:
+    """Measure ``spec``'s forms over the grid and fit its profile."""
+    calibration = measure(spec, grid(quick), rounds, log)
+    return fit(spec, calibration), calibration
+
+
+__all__ = ["Case", "FusedOp", "apply_profile", "calibrate", "fit", "grid", "load_profile", "measure"]

@@ -1,0 +1,171 @@
+"""What an e-node costs on a target: a roofline over its shapes, in microseconds.
+
+Every e-node's time is ``max(FLOPs / throughput, bytes / bandwidth) / efficiency + overhead``, its shapes
+read from the e-graph (:mod:`egfuse.shapes`) with symbolic dims bound to typical or user-given sizes
+(``--shape seq=512,past=1024``). So the same e-graph extracts differently for a decode step (T = 1, where a
+fused op's fixed cost dominates) and a long prefill (S = 512, where bytes and FLOPs do), and a target's
+parameters (:class:`egfuse.targets.spec.CostParams`, per-op efficiencies) are numbers a calibration fits
+(``egfuse calibrate``), not constants written down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from egfuse.session import EClass, ENode
+from egfuse.shapes import Shape, bound
+from egfuse.targets.spec import FusedOp, TargetSpec
+
+ELEMENT_BYTES = 4
+"""float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
+
+_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape"})
+"""Reshapes: no data moves, one node dispatched."""
+_LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
+_NODES = {"nan_to_zero": 2, "repeat_heads": 7}
+"""Constructors that raise to more than one node."""
+_FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0}
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one e-node computes: FLOPs, bytes read and written, nodes dispatched."""
+
+    flops: float
+    bytes: float
+    nodes: int = 1
+
+
+class CostModel:
+    """A target's costs over one e-graph: the extractor asks :meth:`cost` for every e-node."""
+
+    def __init__(
+        self,
+        spec: TargetSpec,
+        classes: Mapping[EClass, list[ENode]],
+        shapes: Mapping[EClass, Shape],
+    ) -> None:
+        self.spec = spec
+        self.binding = dict(spec.shape_binding)
+        self._shapes = shapes
+        self._bound: dict[EClass, tuple[int, ...] | None] = {}
+
+    def dims(self, cid: EClass) -> tuple[int, ...] | None:
+        if cid not in self._bound:
+            self._bound[cid] = bound(self._shapes.get(cid), self.binding)
+        return self._bound[cid]
+
+    def cost(self, node: ENode) -> float | None:
+        """Microseconds, or None where the target cannot run ``node`` (an op it lacks, a form it refuses)."""
+        if node.op in _LEAVES:
+            return _LEAVES[node.op]
+        fused = self.spec.op_for(node.op)
+        if fused is not None:
+            return self._fused_cost(node, fused)
+        work = self._primitive_work(node)
+        if work is None:
+            return None
+        params = self.spec.costs
+        kind = self._kind(node)
+        efficiency = params.primitive_efficiency.get(kind, 1.0)
+        extra = params.primitive_overhead_us.get(kind, 0.0)
+        if work.nodes and params.primitive_overhead_us.get("rank4") and self._rank4(node):
+            extra += params.primitive_overhead_us["rank4"]
+        return self._roofline(work, efficiency) + work.nodes * params.op_overhead_us + extra
+
+    def roofline(self, node: ENode) -> float | None:
+        """A fused e-node's work at full efficiency, µs (what calibration fits the op's efficiency against)."""
+        fused = self.spec.op_for(node.op)
+        work = self._fused_work(node, fused) if fused is not None else None
+        return None if work is None else self._roofline(work, 1.0)
+
+    def explain(self, node: ENode) -> str:
+        """One line: the work the cost came from (for the report's candidates)."""
+        fused = self.spec.op_for(node.op)
+        work = self._fused_work(node, fused) if fused is not None else self._primitive_work(node)
+        if work is None:
+            return "not runnable"
+        return f"{work.flops / 1e6:.2f} MFLOP, {work.bytes / 1e6:.2f} MB, {work.nodes} node(s)"
+
+    # --- fused ops -----------------------------------------------------------------------------------------
+    def _fused_cost(self, node: ENode, op: FusedOp) -> float | None:
+        packed = node.op == "packed_attention"
+        if op.positive_scale and float(node.args[8 if packed else 4]) <= 0:
+            return None
+        if not op.softcap and not packed and float(node.args[5]) != 0.0:
+            return None
+        work = self._fused_work(node, op)
+        if work is None:
+            return None
+        params = self.spec.costs
+        return self._roofline(work, op.efficiency) + op.overhead_us + work.nodes * params.op_overhead_us
+
+    def _fused_work(self, node: ENode, op: FusedOp) -> Work | None:
+        """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
+        and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head."""
+        if node.op == "packed_attention":
+            x, wq, wk, wv = (self.dims(c) for c in node.args[:4])
+            if None in (x, wq, wk, wv) or len(x) < 2:
+                return None
+            d, width, rows, seq = x[-1], wq[-1] + wk[-1] + wv[-1], math.prod(x[:-1]), x[-2]
+            flops = 2.0 * rows * d * width + 2.0 * rows * seq * (wq[-1] + wv[-1])
+            moved = math.prod(x) + d * width + rows * wv[-1]
+            return Work(flops, moved * ELEMENT_BYTES)
+        q, k, v = (self.dims(c) for c in node.args[:3])
+        bias = self.dims(node.args[3])
+        if None in (q, k, v):
+            return None
+        heads = int(node.args[6]) if node.op in ("mha", "gqa", "mha_kv4") else (q[1] if len(q) == 4 else 1)
+        if len(q) == 4:
+            batch, s, h = q[0], q[2], q[3]
+        else:
+            batch, s, h = math.prod(q[:-2]) if len(q) > 2 else 1, q[-2], q[-1] // max(heads, 1)
+        t = k[-2]
+        hv = v[-1] if len(v) == 4 else v[-1] // max(int(node.args[7]) if node.op == "gqa" else heads, 1)
+        flops = 2.0 * batch * heads * s * t * (h + hv)
+        moved = math.prod(q) + math.prod(k) + math.prod(v) + batch * heads * s * hv
+        if bias is not None:  # broadcast to the scores at most
+            moved += min(math.prod(bias), batch * heads * s * t)
+        nodes = 1
+        if op.writer == "single_head":  # the (S, T) scores go through memory, head by head
+            moved += 3 * batch * heads * s * t
+            nodes = 4 + 7 * heads
+        return Work(flops, moved * ELEMENT_BYTES, nodes)
+
+    # --- primitive ops -------------------------------------------------------------------------------------
+    def _kind(self, node: ENode) -> str:
+        if node.op == "transpose":
+            return f"transpose{len(node.args[1].split(','))}"
+        return node.op
+
+    def _rank4(self, node: ENode) -> bool:
+        return any(len(self.dims(c) or ()) >= 4 for c in node.children)
+
+    def _primitive_work(self, node: ENode) -> Work | None:
+        op = node.op
+        if op in _VIEWS:
+            return Work(0.0, 0.0, nodes=0 if self.spec.costs.free_views else 1)
+        ins = [self.dims(c) for c in node.children]
+        if any(i is None for i in ins):
+            ins = [i or (1,) for i in ins]
+        sizes = [math.prod(i) for i in ins]
+        if op == "matmul":
+            a, b = ins
+            lead = max(math.prod(a[:-2]), math.prod(b[:-2]))
+            out = lead * (a[-2] if len(a) > 1 else 1) * b[-1]
+            return Work(2.0 * out * a[-1], (sizes[0] + sizes[1] + out) * ELEMENT_BYTES)
+        if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
+                  "nan_to_zero", "transpose", "repeat_heads"):  # fmt: skip
+            out = max(sizes) if sizes else 1
+            if op == "repeat_heads":
+                out *= int(node.args[1])
+            return Work(_FLOPS_PER_ELEMENT.get(op, 1.0) * out, (sum(sizes) + out) * ELEMENT_BYTES, _NODES.get(op, 1))
+        return None  # canonical forms (scores, probs, softcap) are never written
+
+    def _roofline(self, work: Work, efficiency: float) -> float:
+        params = self.spec.costs
+        compute = work.flops / (params.gflops * 1e3)
+        memory = work.bytes / (params.gbytes * 1e3)
+        return max(compute, memory) / max(efficiency, 1e-6)

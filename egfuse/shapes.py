@@ -1,0 +1,161 @@
+"""The shape of every e-class, symbolic: what the cost model prices and what raising needs to split heads.
+
+An e-class holding a graph value has that value's shape (:class:`egfuse.facts.GraphFacts`); a term the rules
+built gets its shape from its constructor's meaning (``split_heads(x, N, H)`` is x's shape with its last dim
+split into (N, H), ``mha`` returns (B, S, N·Hv) …), computed to a fixpoint over the e-graph. Dims stay
+symbolic (:class:`egfuse.dims.Dim`); :func:`bind` turns them into numbers for a given shape binding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from egfuse.dims import Dim, _is_sum, _parse_poly
+from egfuse.facts import GraphFacts
+from egfuse.lower import Lowered
+from egfuse.session import EClass, ENode
+
+Shape = tuple[Dim | None, ...]
+
+_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "where", "maximum"})
+_SAME = frozenset({"isnan", "sqrt", "tanh", "cast", "softmax", "nan_to_zero", "softcap"})
+_MAX_PASSES = 8
+
+
+def class_shapes(classes: Mapping[EClass, list[ENode]], lowered: Lowered, facts: GraphFacts) -> dict[EClass, Shape]:
+    """Each e-class's shape where some member's meaning gives it (a class with none is absent)."""
+    shapes: dict[EClass, Shape] = {}
+    for cid, nodes in classes.items():
+        for node in nodes:
+            if node.op in ("value", "ref"):
+                shape = facts.shape(lowered.values[node.args[0]])
+                if shape is not None:
+                    shapes[cid] = tuple(shape)
+                    break
+            elif node.op in ("full_like", "no_bias"):
+                shapes[cid] = ()
+    for _ in range(_MAX_PASSES):
+        changed = False
+        for cid, nodes in classes.items():
+            if cid in shapes:
+                continue
+            for node in nodes:
+                shape = _node_shape(node, shapes)
+                if shape is not None:
+                    shapes[cid] = shape
+                    changed = True
+                    break
+        if not changed:
+            break
+    return shapes
+
+
+def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
+    op, a = node.op, node.args
+    kids = [shapes.get(c) for c in node.children]
+    if any(k is None for k in kids) and op not in ("zero_bias",):
+        return None
+    if op in _ELEMENTWISE:
+        return _broadcast(*[k for k in kids if k is not None])
+    if op in _SAME:
+        return kids[0]
+    if op == "zero_bias":
+        return (kids[0][-1],) if kids[0] else None
+    if op == "transpose":
+        perm = [int(p) for p in a[1].split(",")]
+        return tuple(kids[0][p] for p in perm) if len(perm) == len(kids[0]) else None
+    if op == "matmul":
+        x, y = kids
+        if len(x) < 2 or len(y) < 2:
+            return None
+        lead = _broadcast(x[:-2], y[:-2])
+        return None if lead is None else (*lead, x[-2], y[-1])
+    if op == "split_heads":
+        return (*kids[0][:-1], Dim.parse(a[1]), Dim.parse(a[2]))
+    if op == "merge_heads":
+        return (*kids[0][:-2], _mul(kids[0][-2], kids[0][-1])) if len(kids[0]) >= 2 else None
+    if op == "merge_lead":
+        return (_mul(kids[0][0], kids[0][1]), *kids[0][2:]) if len(kids[0]) >= 2 else None
+    if op == "split_lead":
+        second = Dim.parse(a[1])
+        first = kids[0][0].div(second) if kids[0] and kids[0][0] is not None else None
+        return (first, second, *kids[0][1:])
+    if op == "repeat_heads":
+        return (kids[0][0], _mul(kids[0][1], Dim.parse(a[1])), *kids[0][2:]) if len(kids[0]) == 4 else None
+    if op in ("scores", "probs"):
+        q, k = kids[0], kids[1]
+        return (*q[:-1], k[-2]) if len(q) >= 2 and len(k) >= 2 else None
+    if op in ("attend", "attend_z"):
+        q, v = kids[0], kids[2]
+        return (*q[:-1], v[-1])
+    if op == "mha":
+        return (*kids[0][:-1], kids[2][-1])
+    if op == "gqa":
+        n, nk = Dim.parse(a[6]), Dim.parse(a[7])
+        width = kids[2][-1]
+        per_head = width.div(nk) if width is not None else None
+        return (*kids[0][:-1], _mul(per_head, n))
+    if op == "mha_kv4":
+        return (*kids[0][:-1], _mul(kids[2][-1], Dim.parse(a[6])))
+    if op == "packed_attention":
+        return (*kids[0][:-1], kids[3][-1])
+    return None
+
+
+def _mul(a: Dim | None, b: Dim | None) -> Dim | None:
+    return None if a is None or b is None else a * b
+
+
+def _broadcast(*shapes: Shape) -> Shape | None:
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim | None] = []
+    for axis in range(rank):
+        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+        wide = [d for d in dims if d is None or d != Dim(1)]
+        out.append(wide[0] if wide else Dim(1))
+    return tuple(out)
+
+
+# --- binding: symbolic dims to numbers ------------------------------------------------------------------------
+
+TYPICAL = {"batch": 1, "past": 256}
+"""Sizes a dim whose symbol names it takes when the user binds nothing (substring match, first wins); every
+other symbolic length is :data:`TYPICAL_LENGTH`."""
+TYPICAL_LENGTH = 128
+
+
+def bind(dim: Dim | None, binding: Mapping[str, int]) -> int:
+    """A number for ``dim``: its value, or each symbol's bound size (the user's, else a typical one)."""
+    if dim is None:
+        return TYPICAL_LENGTH
+    total = dim.coef
+    for sym in dim.syms:
+        total *= _bind_symbol(sym, binding)
+    return max(1, total)
+
+
+def _bind_symbol(sym: str, binding: Mapping[str, int]) -> int:
+    if sym in binding:
+        return int(binding[sym])
+    if sym.startswith("unk__"):  # shape inference lost track (often a broadcast axis): counted as 1, never as
+        return 1  # a length, so a mask of four unknown dims is not priced as 128⁴ elements
+    poly = _parse_poly(sym) if _is_sum(sym) else None
+    if poly:  # a sum of terms: each term's symbols bound
+        return sum(coef * math.prod(_bind_symbol(s, binding) for s in term) for term, coef in poly.items())
+    lowered = sym.lower()
+    for word, size in TYPICAL.items():
+        if word in lowered:
+            return int(binding.get(word, size))
+    return int(binding.get("seq", TYPICAL_LENGTH))
+
+
+def bound(shape: Shape | None, binding: Mapping[str, int]) -> tuple[int, ...] | None:
+    return None if shape is None else tuple(bind(d, binding) for d in shape)
+
+
+def static(shape: Shape | None, axis: int) -> int | None:
+    """The dim at ``axis`` where it is a number (None where the shape, the axis or the number is unknown)."""
+    if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] is None:
+        return None
+    return shape[axis].static

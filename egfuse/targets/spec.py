@@ -1,0 +1,129 @@
+"""What a target is, as data: the fused ops it can write and what running them costs.
+
+A target module holds one :class:`TargetSpec` and nothing else; :mod:`egfuse.targets` registers it. Raising
+reads the spec (which writer writes which constructor, which opset each op needs), extraction reads its costs
+(:mod:`egfuse.cost`), and nothing outside a target's module asks for a target by name. A new target is a new
+module and one registry line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+STANDARD_ATTENTION_OPSET = 23
+"""The default-domain opset that defines the standard ``Attention`` and ``RotaryEmbedding`` ops."""
+
+FUSED = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
+"""The language's fused constructors: one attention each, however a target writes it."""
+
+WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head"})
+"""How raising can write a fused constructor (:mod:`egfuse.writers`):
+
+* ``standard``    — the standard ``Attention`` op (opset 23), 4D or 3D inputs, grouped K/V heads native
+* ``multi_head``  — ``com.microsoft.MultiHeadAttention`` on the (B, S, N·H) query
+* ``packed_qkv``  — ``com.microsoft.Attention``: the three projections' weights concatenated into the op
+* ``single_head`` — plain rank-3 ops, one attention per head (SHA): what NPU toolchains compile well
+"""
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One fused constructor as a target writes it."""
+
+    constructor: str
+    """The e-graph constructor (:data:`FUSED`) this op computes."""
+    op: str
+    """The ONNX op type written (the report's name for it; ``single_head`` writes plain ops)."""
+    writer: str
+    """Which writer of :mod:`egfuse.writers` writes it (:data:`WRITERS`)."""
+    domain: str = ""
+    opset: int = 1
+    """The version of ``domain`` the op needs imported."""
+    softcap: bool = True
+    """Takes a soft-capped score (MultiHeadAttention has no softcap attribute)."""
+    positive_scale: bool = False
+    """Refuses a scale ≤ 0 (onnxruntime's standard op rejects it)."""
+    efficiency: float = 1.0
+    """How much of the target's peak this op reaches (the cost model divides its work by it; calibrated)."""
+    overhead_us: float = 0.0
+    """Fixed time per call on top of the work (launch, layout copies inside the kernel), microseconds."""
+    mask_note: str = ""
+    """What the report says when this op was written with a mask (how the kernel reads one differently)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """A roofline: an op takes max(FLOPs / throughput, bytes / bandwidth) / efficiency + overhead.
+
+    Primitive ops take the same form with a per-op-kind efficiency (``primitive_efficiency``; views cost nothing
+    at run time). Numbers are for the machine the target's profile was measured on (``egfuse calibrate``)."""
+
+    gflops: float = 50.0
+    """Sustained matrix-multiply throughput, GFLOP/s."""
+    gbytes: float = 10.0
+    """Sustained memory bandwidth, GB/s."""
+    op_overhead_us: float = 5.0
+    """Fixed cost of one node (dispatch, allocation), microseconds."""
+    primitive_efficiency: dict[str, float] = field(default_factory=dict)
+    """Per primitive constructor (``matmul``, ``softmax``, ``transpose4`` for a rank-4 Transpose …): the share of
+    the roofline it reaches; a constructor absent here reaches 1.0."""
+    free_views: bool = False
+    """Reshapes cost nothing (a compiler folds them into its layouts); a runtime dispatches each as a node."""
+    primitive_overhead_us: dict[str, float] = field(default_factory=dict)
+    """Per primitive constructor, a fixed cost on top of the node's (a layout change an NPU does in software);
+    the key ``rank4`` applies to every primitive op whose operands are rank 4."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A hardware target: what it can write, what that costs, and what it needs of the model."""
+
+    name: str
+    description: str
+    """One line for ``egfuse targets``."""
+    ops: tuple[FusedOp, ...]
+    costs: CostParams = field(default_factory=CostParams)
+    rule_families: tuple[str, ...] = ()
+    """Rule families beyond the core (:mod:`egfuse.rules`) that build this target's forms (``ort``: packing)."""
+    shape_binding: tuple[tuple[str, int], ...] = ()
+    """The sizes to optimize for (``--shape seq=512,past=1024``): symbol (or word in it) → size; unbound symbolic
+    dims take typical sizes (:mod:`egfuse.shapes`)."""
+    requires_standard_opset: bool = False
+    """The model is converted to opset 23 before fusing (every op it writes may need it)."""
+    no_rotary: str | None = None
+    """Why this target writes no ``RotaryEmbedding`` for a recognised rotation (None: it writes the standard
+    op, opset 23, which took 0.35-0.78× the time of the rotate-half subgraph on onnxruntime's CPU and
+    0.54-0.84× of ``com.microsoft.RotaryEmbedding``'s: experiments/bench_rotary.py)."""
+
+    def op_for(self, constructor: str) -> FusedOp | None:
+        return next((op for op in self.ops if op.constructor == constructor), None)
+
+    def for_shapes(self, binding: dict[str, int] | None) -> TargetSpec:
+        """The target optimizing for ``binding``'s sizes."""
+        return replace(self, shape_binding=tuple(sorted((binding or {}).items())))
+
+    def with_profile(self, profile: dict) -> TargetSpec:
+        """The target with a calibration profile's fitted parameters (``egfuse calibrate``); ops the profile
+        does not name keep theirs."""
+        if profile.get("target") != self.name:
+            raise ValueError(f"the profile is for target {profile.get('target')!r}, not {self.name!r}")
+        costs = CostParams(**profile["costs"]) if "costs" in profile else self.costs
+        fitted = profile.get("ops", {})
+        ops = tuple(
+            replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()}) if op.constructor in fitted else op
+            for op in self.ops
+        )
+        return replace(self, costs=costs, ops=ops)
+
+    def below_opset(self, version: int) -> TargetSpec:
+        """The target without the default-domain ops that need a newer opset than ``version`` (a model onnx's
+        converter cannot raise keeps the contrib ops only)."""
+        ops = tuple(op for op in self.ops if op.domain != "" or op.opset <= version)
+        no_rotary = self.no_rotary
+        if no_rotary is None and version < STANDARD_ATTENTION_OPSET:
+            no_rotary = "the model cannot be raised to opset 23, which defines RotaryEmbedding"
+        return replace(self, ops=ops, no_rotary=no_rotary)

@@ -1,0 +1,208 @@
+"""How a fused constructor becomes ONNX nodes: one writer per kind of op (``FusedOp.writer``).
+
+Targets name a writer in their spec (:mod:`egfuse.targets.spec`); the emitter (:mod:`egfuse.raise_`) calls it
+with the chosen e-node and itself. Writers read operands through the emitter (memoised values, the broadcast
+mask, an absorbed KV cache) and write nodes with it; none of them knows which target asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.kv_cache import SEQUENCE_AXIS, find_cache
+from egfuse.session import EClass, ENode
+from egfuse.targets.spec import FusedOp
+
+if TYPE_CHECKING:
+    from egfuse.raise_ import Emitter
+
+THREE_D = frozenset({"mha", "gqa", "mha_kv4", "packed_attention"})
+"""Constructors whose query and output are (B, S, N·H); the others are (B, N, S, H)."""
+
+
+def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
+    """``attend``/``attend_z`` (4D, grouped K/V heads native) or ``mha``/``gqa`` (3D) as one standard
+    ``Attention``; a KV cache Concat on 4D K/V goes in as past_key/past_value."""
+    q, k, v, bias, scale, cap = node.args[:6]
+    three_d = node.op in ("mha", "gqa")
+    seq_axis = 1 if three_d else 2
+    inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d)
+    mask = e.finite_mask(bias, mask)
+    attrs: dict[str, object] = {"scale": float(scale)}
+    if float(cap) != 0.0:
+        attrs["softcap"] = float(cap)
+    if three_d:
+        heads = int(node.args[6])
+        attrs.update(q_num_heads=heads, kv_num_heads=int(node.args[7]) if node.op == "gqa" else heads)
+    if cache is not None:
+        args = [*inputs, mask, cache.past_key, cache.past_value]
+    else:
+        args = [*inputs, mask] if mask is not None else inputs
+    return e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+
+
+def multi_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
+    """``mha`` ((B, T, N·H) K/V) or ``mha_kv4`` ((B, N, T, H) K/V, which may come from a cache) as
+    ``com.microsoft.MultiHeadAttention``."""
+    q, k, v, bias, scale, _cap, heads = node.args
+    kv4 = node.op == "mha_kv4"
+    inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4)
+    attrs = {"num_heads": int(heads), "scale": float(scale)}
+    if cache is not None:
+        args = [*inputs, None, None, mask, cache.past_key, cache.past_value]
+    else:
+        args = [*inputs, None, None, mask] if mask is not None else inputs
+    return e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+
+
+def packed_qkv(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
+    """``packed_attention`` as ``com.microsoft.Attention``: the three projections' weights and biases
+    concatenated into the op's one weight and bias."""
+    x, wq, wk, wv, bq, bk, bv, bias, scale, heads = node.args
+    xv = e.value(x)
+    weights = [e.constant_array(c) for c in (wq, wk, wv)]
+    biases = [_flat_bias(e.constant_array(c)) for c in (bq, bk, bv)]
+    w = e.initializer(np.concatenate(weights, axis=1), "qkv_weight")
+    b = e.initializer(np.concatenate(biases, axis=0), "qkv_bias")
+    mask = e.bias(bias, xv, xv, 1, 1)
+    attrs: dict[str, object] = {"num_heads": int(heads), "scale": float(scale)}
+    sizes = [int(a.shape[1]) for a in weights]
+    if len(set(sizes)) > 1:
+        attrs["qkv_hidden_sizes"] = sizes
+    args = [xv, w, b, None, None, mask] if mask is not None else [xv, w, b]
+    return e.node(op.op, args, attrs, domain=op.domain, like=xv)
+
+
+def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
+    """Single-head attention (SHA), the form NPU toolchains compile well: Q, K and V split per head into
+    rank-3 tensors, then per head ``softmax(scale · q Kᵀ + mask) V`` with rank-3 MatMuls and a rank-3
+    Transpose, the heads concatenated back. No rank-4 Transpose, no fused op: plain ONNX any runtime runs.
+
+    * Grouped K/V heads (GQA/MQA): query head i reads K/V head i // (N / N_kv), split once, never repeated.
+    * The mask is reduced to rank 3 once per region (its head axis squeezed) and shared by every head; a mask
+      that differs per head (a position bias) is split like Q.
+    * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
+      the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
+      new values, added. The Concat stays only for the present outputs it returns."""
+    q, k, v, bias, scale, cap = node.args[:6]
+    guard = node.op == "attend_z"
+    query = e.value(q)
+    three_d_q = node.op in THREE_D
+    heads = int(node.args[6]) if three_d_q else e.static_dim(q, query, 1, "the query's head count")
+    q_heads = _per_head(e, query, heads, three_d=three_d_q, what="query", cid=q)
+    three_d_kv = node.op in ("mha", "gqa")
+    if not three_d_kv:  # K/V heads repeated for an op without grouped heads: each query head reads its group
+        k, v = _unrepeated(e, k), _unrepeated(e, v)
+    key, value = e.value(k), e.value(v)
+    cache = None if three_d_kv or key in e.created or value in e.created else find_cache(key, value, e.facts)
+    if three_d_kv:
+        kv_heads = int(node.args[7]) if node.op == "gqa" else heads
+    else:
+        kv_heads = e.static_dim(k, key, 1, "the keys' head count")
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not group over {kv_heads} key/value heads")
+    parts = [(key, value, k, v)]
+    if cache is not None:
+        parts = [(cache.past_key, cache.past_value, None, None), (cache.new_key, cache.new_value, None, None)]
+    kv = [
+        (_per_head(e, kk, kv_heads, three_d=three_d_kv, what="keys", cid=kc),
+         _per_head(e, vv, kv_heads, three_d=three_d_kv, what="values", cid=vc))
+        for kk, vv, kc, vc in parts
+    ]  # fmt: skip
+    if cache is not None:
+        e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
+    masks = _per_head_mask(e, bias, heads)
+    group = heads // kv_heads
+    dtype = e.float_dtype(query)
+    scale_value = e.const(np.array(float(scale), dtype), "scale")
+    if len(kv) == 2:  # the cache's length and the total, where the probabilities split
+        lengths = [e.node("Shape", [ks[0]], {"start": 1, "end": 2}) for ks, _ in kv]
+        past_end, total, last = lengths[0], e.node("Add", lengths), e.const(np.array([-1], np.int64), "axis")
+    outputs = []
+    for i in range(heads):
+        j = i // group
+        scores = [e.node("MatMul", [q_heads[i], e.node("Transpose", [ks[j]], {"perm": [0, 2, 1]})]) for ks, _ in kv]
+        logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
+        logits = e.node("Mul", [logits, scale_value])
+        if float(cap) != 0.0:
+            c = e.const(np.array(float(cap), dtype), "cap")
+            logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
+        if masks is not None:
+            logits = e.node("Add", [logits, masks[i]])
+        probs = e.node("Softmax", [logits], {"axis": -1})
+        if guard:
+            zero = e.const(np.array(0.0, dtype), "zero")
+            probs = e.node("Where", [e.node("IsNaN", [probs]), zero, probs])
+        if len(kv) == 1:
+            outputs.append(e.node("MatMul", [probs, kv[0][1][j]]))
+            continue
+        past = e.node("Slice", [probs, e.const(np.array([0], np.int64), "at"), past_end, last])
+        new = e.node("Slice", [probs, past_end, total, last])
+        outputs.append(e.node("Add", [e.node("MatMul", [past, kv[0][1][j]]), e.node("MatMul", [new, kv[1][1][j]])]))
+    if three_d_q:
+        return e.node("Concat", outputs, {"axis": -1}, like=query)
+    return e.node("Concat", [e.unsqueeze(o, 1) for o in outputs], {"axis": 1}, like=query)
+
+
+def _unrepeated(e: Emitter, cid: EClass) -> EClass:
+    """The K or V heads before ``repeat_heads`` (MultiHeadAttention's form needs them repeated; SHA does not)."""
+    node = e.choice[cid].node
+    return node.args[0] if node.op == "repeat_heads" else cid
+
+
+def _per_head(
+    e: Emitter, x: ir.Value, heads: int, *, three_d: bool, what: str, cid: EClass | None = None
+) -> list[ir.Value]:
+    """``heads`` rank-3 tensors of ``x``: (B, S, N·H) split along its last axis, or (B, N, S, H) split along
+    its head axis and squeezed."""
+    if not three_d:
+        return [e.squeeze(p, 1) for p in (e.split(x, [1] * heads, axis=1) if heads > 1 else [x])]
+    if heads == 1:
+        return [x]
+    width = e.static_dim(cid, x, -1, f"the {what}' width")
+    if width % heads:
+        raise ValueError(f"the {what}' width {width} does not split into {heads} heads")
+    return e.split(x, [width // heads] * heads, axis=-1)
+
+
+def _per_head_mask(e: Emitter, bias: object, heads: int) -> list[ir.Value] | None:
+    """The additive mask as one rank-3 (or lower) tensor per head: shared when it does not vary by head."""
+    if e.choice[bias].node.op == "no_bias":
+        return None
+    e.mark_exact_fills(bias)
+    mask = e.value(bias)
+    rank = e.rank(bias, mask)
+    if rank < 3:
+        return [mask] * heads
+    if rank == 3:  # (N or 1, S, T) against (B, N, S, T): per head, or shared
+        lead = e.static_dim(bias, mask, 0, "the mask's head axis")
+        if lead == 1:
+            return [mask] * heads
+        return [e.squeeze(p, 0) for p in e.split(mask, [1] * heads, 0)]
+    if rank != 4:
+        raise ValueError(f"a rank-{rank} mask has no per-head form")
+    lead = e.static_dim(bias, mask, 1, "the mask's head axis")
+    if lead == 1:
+        return [e.squeeze(mask, 1)] * heads
+    return [e.squeeze(p, 1) for p in e.split(mask, [1] * heads, 1)]
+
+
+def _flat_bias(bias: np.ndarray) -> np.ndarray:
+    """A projection bias as the 1-D vector packed Attention wants ((1, 1, N·H) → (N·H,))."""
+    if bias.size != bias.shape[-1]:
+        raise ValueError(f"a bias of shape {bias.shape} does not pack into Attention's 1-D bias")
+    return bias.reshape(-1)
+
+
+WRITERS: dict[str, Callable[[ENode, Emitter, FusedOp], ir.Value]] = {
+    "standard": standard,
+    "multi_head": multi_head,
+    "packed_qkv": packed_qkv,
+    "single_head": single_head,
+}
+
+__all__ = ["SEQUENCE_AXIS", "THREE_D", "WRITERS"]

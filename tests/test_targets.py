@@ -1,0 +1,136 @@
+"""Targets as data: each lists the ops it writes, raising follows the spec, and the same model fused for two
+targets (or two shape bindings) gives different, validated programs. The ``npu`` target writes single-head
+attention (SHA) of plain rank-3 ops: every block splits into per-head Softmaxes, with no fused op, no rank-4
+Transpose of its own, grouped K/V heads read without a repeat, and a KV cache read in the split-score form."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import onnx
+import pytest
+
+import egfuse
+from egfuse import cli
+from egfuse.targets import TARGETS, get_target
+from egfuse.testing import Variant, attention_model, feeds_for
+
+from .conftest import assert_same_outputs, op_counts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_target_is_listed_with_a_description(capsys):
+    listed = egfuse.targets()
+    assert set(listed) == {"ort", "onnx", "npu"} and all(listed.values())
+    assert cli.main(["targets"]) == 0
+    out = capsys.readouterr().out
+    for name, description in listed.items():
+        assert f"{name} " in out and description in out
+
+
+def test_no_module_outside_a_target_asks_for_a_target_by_name():
+    """Adding a target touches its module and the registry: nothing branches on ``target.name == …``, and no
+    module of targets/ imports the emitter (raising reads the spec, not the other way round)."""
+    for path in [*(ROOT / "egfuse").glob("*.py"), *(ROOT / "rules").glob("*.py")]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "name":
+                names = [c.value for c in node.comparators if isinstance(c, ast.Constant)]
+                assert not set(names) & set(TARGETS), f"{path.name}:{node.lineno} branches on a target's name"
+    for path in (ROOT / "egfuse" / "targets").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("egfuse.raise_", "egfuse.writers"), f"{path.name} imports {node.module}"
+
+
+def test_an_unknown_target_names_the_known_ones():
+    with pytest.raises(ValueError, match="ort, onnx, npu"):
+        get_target("tpu")
+
+
+# --- npu: single-head attention ------------------------------------------------------------------------------
+
+
+def _rank4_transposes_written(model: onnx.ModelProto) -> list[str]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+        if v.type.tensor_type.HasField("shape")
+    }
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Transpose" and n.name.startswith("egfuse/") and ranks.get(n.input[0]) == 4
+    ]
+
+
+NPU_CASES = {
+    "encoder, padding": Variant(),
+    "causal": Variant(causal="trilu", k_layout="transpose_0132"),
+    "select mask, guard": Variant(mask="where_finfo", guard=True, k_layout="transpose_0132"),
+    "gqa": Variant(heads=4, kv_heads=2, k_layout="transpose_0132", causal="range_greater"),
+    "mqa": Variant(heads=4, kv_heads=1, k_layout="transpose_0132"),
+    "cross": Variant(cross=True, k_layout="transpose_0132"),
+    "cache": Variant(past=True, k_layout="transpose_0132", causal="trilu"),
+    "gqa cache": Variant(past=True, heads=4, kv_heads=2, k_layout="transpose_0132"),
+    "position bias": Variant(position_bias=True, k_layout="transpose_0132"),
+    "softcap": Variant(softcap="div", k_layout="transpose_0132"),
+}
+
+
+@pytest.mark.parametrize("variant", list(NPU_CASES.values()), ids=list(NPU_CASES))
+def test_npu_writes_single_head_attention(variant: Variant):
+    model = attention_model(variant)
+    feeds = feeds_for(model, left_padding=True)
+    result = egfuse.fuse(model, target="npu", feeds=feeds)
+    report = result.report
+    assert report.fused == 1 and report.validated is True, str(report)
+    assert report.regions[0].fused_into == "SingleHeadAttention"
+    counts = op_counts(result.model)
+    assert counts.get("Softmax") == variant.heads, counts  # one per head
+    assert not [k for k in counts if "Attention" in k], counts
+    assert not _rank4_transposes_written(result.model)
+    assert "Expand" not in counts or counts["Expand"] == op_counts(model).get("Expand"), counts  # no repeat_kv
+    if variant.past:
+        assert "split-score" in report.regions[0].variants["kv cache"]
+        concat_of_cache = [
+            n for n in result.model.graph.node if n.op_type == "Concat" and n.output[0].startswith("present")
+        ]
+        assert concat_of_cache  # the Concat stays for the present outputs only
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_npu_decode_step_of_one_token_fuses():
+    """T = 1 (decode) reads the cache by split scores as prefill does."""
+    model = attention_model(Variant(past=True, heads=4, kv_heads=1, k_layout="transpose_0132"))
+    for seq in (1, 6):
+        feeds = feeds_for(model, seq=seq)
+        result = egfuse.fuse(model, target="npu", feeds=feeds)
+        assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+        assert_same_outputs(model, result.model, feeds)
+
+
+def test_same_model_different_targets_give_different_validated_programs():
+    model = attention_model(Variant(heads=4, k_layout="transpose_0132"))
+    feeds = feeds_for(model)
+    written = {}
+    for target in TARGETS:
+        result = egfuse.fuse(model, target=target, feeds=feeds)
+        assert result.report.fused == 1 and result.report.validated is True, f"{target}\n{result.report}"
+        assert_same_outputs(model, result.model, feeds)
+        written[target] = result.report.regions[0].fused_into, tuple(sorted(op_counts(result.model).items()))
+    assert len(set(written.values())) == len(TARGETS), written
+
+
+def test_shape_binding_is_validated_by_the_cli(tmp_path, capsys):
+    model = attention_model(Variant())
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    with pytest.raises(SystemExit):
+        cli.main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "--shape", "seq=zero"])
+    assert "NAME=SIZE" in capsys.readouterr().err
+    assert cli.main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--shape", "seq=512,batch=4"]) == 0
+    assert (tmp_path / "o.onnx").exists()
