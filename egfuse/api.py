@@ -446,7 +446,9 @@ def _fuse_once(
         fused_ops = _fused_ops(main, choice) if main is not None else []
         entry.candidates = diagnose.candidates(main, classes, choice, cost_model) if main is not None else []
         if not fused_ops:
-            entry.reason = diagnose.why_not(region, class_of, classes, runnable, target_name)
+            entry.reason = diagnose.cheaper_unfused(entry.candidates, target_name) or diagnose.why_not(
+                region, class_of, classes, runnable, target_name
+            )
             continue
         if region.index in excluded:
             reason, diff = excluded[region.index]

@@ -289,6 +289,20 @@ def candidates(main: EClass, classes: dict[EClass, list[ENode]], choice: dict, m
     return sorted(found.values(), key=lambda e: (e["cost_us"] is None, e["cost_us"] or 0.0, e["form"]))
 
 
+def cheaper_unfused(candidates: list[dict], target: str) -> str | None:
+    """Why a recognised region stayed as it was when the target could write it: its own ops are predicted
+    cheaper (a single-head block is already what the npu target writes)."""
+    priced = [c for c in candidates if c.get("cost_us") is not None]
+    if len(priced) < 2 or priced[0]["form"] != "unfused":
+        return None
+    best = priced[1]
+    return (
+        f"kept as written: on target {target!r} the graph's own ops are predicted cheaper "
+        f"({priced[0]['cost_us']:.1f} µs) than its cheapest fused form "
+        f"({best['form']} → {best['op']}, {best['cost_us']:.1f} µs)"
+    )
+
+
 class _Unfused:
     """A cost model that writes no fused op: the region as the graph spelled it (or its cheapest rewrite)."""
 

@@ -322,12 +322,16 @@ class Emitter(NodeBuilder):
     # --- helpers for writers --------------------------------------------------------------------------------
     def static_dim(self, cid: EClass | None, value: ir.Value, axis: int, what: str) -> int:
         """A dim that must be a number to write the op (a head count, a width split per head)."""
+        found = self.static_dim_or_none(cid, value, axis)
+        if found is None:
+            raise ValueError(f"{what} is not a known number")
+        return found
+
+    def static_dim_or_none(self, cid: EClass | None, value: ir.Value, axis: int) -> int | None:
         shape = self.facts.shape(value) if value not in self.created else None
         found = static(shape, axis)
         if found is None and cid is not None:
             found = static(self.shapes.get(cid), axis)
-        if found is None:
-            raise ValueError(f"{what} is not a known number")
         return found
 
     def float_dtype(self, value: ir.Value) -> np.dtype:

@@ -178,17 +178,17 @@ def _per_head_mask(e: Emitter, bias: object, heads: int) -> list[ir.Value] | Non
     rank = e.rank(bias, mask)
     if rank < 3:
         return [mask] * heads
-    if rank == 3:  # (N or 1, S, T) against (B, N, S, T): per head, or shared
-        lead = e.static_dim(bias, mask, 0, "the mask's head axis")
-        if lead == 1:
-            return [mask] * heads
-        return [e.squeeze(p, 0) for p in e.split(mask, [1] * heads, 0)]
-    if rank != 4:
+    if rank > 4:
         raise ValueError(f"a rank-{rank} mask has no per-head form")
-    lead = e.static_dim(bias, mask, 1, "the mask's head axis")
+    axis = rank - 3  # the head axis of (N or 1, S, T) or (B, N or 1, S, T)
+    lead = e.static_dim_or_none(bias, mask, axis)
     if lead == 1:
-        return [e.squeeze(mask, 1)] * heads
-    return [e.squeeze(p, 1) for p in e.split(mask, [1] * heads, 1)]
+        return [mask] * heads if rank == 3 else [e.squeeze(mask, 1)] * heads
+    if lead is None:  # 1 or N, unknown which: broadcast to N first (rank-4 work, but the meaning is sure)
+        widths = np.ones(rank, np.int64)
+        widths[axis] = heads
+        mask = e.node("Expand", [mask, e.const(widths, "heads")], like=mask)
+    return [e.squeeze(p, axis) for p in e.split(mask, [1] * heads, axis)]
 
 
 def _flat_bias(bias: np.ndarray) -> np.ndarray:

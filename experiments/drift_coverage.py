@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 import compare  # noqa: E402 - experiments/ is not a package
 
 CORPUS = ROOT / "tests" / "data" / "drift"
-TOOLS = ["egfuse:ort", "egfuse:onnx", "onnxscript", "ort"]
+TOOLS = ["egfuse:ort", "egfuse:onnx", "egfuse:npu", "onnxscript", "ort"]
 FAMILY = {  # architecture → the compare.ORT_MODEL_TYPE family onnxruntime's optimizer is told (its closest type)
     **dict.fromkeys(["gpt_neo", "gptj", "opt", "codegen", "mistral", "qwen2", "phi", "bloom", "falcon"], "gpt2"),
     **dict.fromkeys(["roberta", "distilbert", "squeezebert", "funnel", "wav2vec2"], "bert"),
