@@ -100,23 +100,24 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     key, value = e.value(k), e.value(v)
     cache = None if three_d_kv or key in e.created or value in e.created else find_cache(key, value, e.facts)
     if three_d_kv:
-        kv_heads = int(node.args[7]) if node.op == "gqa" else heads
-    else:
-        kv_heads = e.static_dim(k, key, 1, "the keys' head count")
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads do not group over {kv_heads} key/value heads")
+        k_heads = v_heads = int(node.args[7]) if node.op == "gqa" else heads
+    else:  # K and V may be grouped differently (one repeated by a spelling the rules keep, one not)
+        k_heads = e.static_dim(k, key, 1, "the keys' head count")
+        v_heads = e.static_dim(v, value, 1, "the values' head count")
+    if heads % k_heads or heads % v_heads:
+        raise ValueError(f"{heads} query heads do not group over {k_heads} key and {v_heads} value heads")
     parts = [(key, value, k, v)]
     if cache is not None:
         parts = [(cache.past_key, cache.past_value, None, None), (cache.new_key, cache.new_value, None, None)]
     kv = [
-        (_per_head(e, kk, kv_heads, three_d=three_d_kv, what="keys", cid=kc),
-         _per_head(e, vv, kv_heads, three_d=three_d_kv, what="values", cid=vc))
+        (_per_head(e, kk, k_heads, three_d=three_d_kv, what="keys", cid=kc),
+         _per_head(e, vv, v_heads, three_d=three_d_kv, what="values", cid=vc))
         for kk, vv, kc, vc in parts
     ]  # fmt: skip
     if cache is not None:
         e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
     masks = _per_head_mask(e, bias, heads)
-    group = heads // kv_heads
+    k_group, v_group = heads // k_heads, heads // v_heads
     dtype = e.float_dtype(query)
     scale_value = e.const(np.array(float(scale), dtype), "scale")
     if len(kv) == 2:  # the cache's length and the total, where the probabilities split
@@ -124,7 +125,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
         past_end, total, last = lengths[0], e.node("Add", lengths), e.const(np.array([-1], np.int64), "axis")
     outputs = []
     for i in range(heads):
-        j = i // group
+        j, jv = i // k_group, i // v_group
         scores = [e.node("MatMul", [q_heads[i], e.node("Transpose", [ks[j]], {"perm": [0, 2, 1]})]) for ks, _ in kv]
         logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
         logits = e.node("Mul", [logits, scale_value])
@@ -138,11 +139,11 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
             zero = e.const(np.array(0.0, dtype), "zero")
             probs = e.node("Where", [e.node("IsNaN", [probs]), zero, probs])
         if len(kv) == 1:
-            outputs.append(e.node("MatMul", [probs, kv[0][1][j]]))
+            outputs.append(e.node("MatMul", [probs, kv[0][1][jv]]))
             continue
         past = e.node("Slice", [probs, e.const(np.array([0], np.int64), "at"), past_end, last])
         new = e.node("Slice", [probs, past_end, total, last])
-        outputs.append(e.node("Add", [e.node("MatMul", [past, kv[0][1][j]]), e.node("MatMul", [new, kv[1][1][j]])]))
+        outputs.append(e.node("Add", [e.node("MatMul", [past, kv[0][1][jv]]), e.node("MatMul", [new, kv[1][1][jv]])]))
     if three_d_q:
         return e.node("Concat", outputs, {"axis": -1}, like=query)
     return e.node("Concat", [e.unsqueeze(o, 1) for o in outputs], {"axis": 1}, like=query)

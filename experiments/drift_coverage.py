@@ -173,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
 def _cell(rows: list[dict]) -> str:
     expected = sum(r["expected"] for r in rows)
     good = sum(r["correct_blocks"] for r in rows)
-    return f"{good / expected:.0%} ({good}/{expected})" if expected else "–"
+    if not expected:
+        return "–"
+    share = f"{good / expected:.0%}" if good in (0, expected) or good / expected < 0.99 else f"{good / expected:.1%}"
+    if share == "100%" and good < expected:  # never round a miss up to a full score
+        share = f"{good / expected:.1%}"
+    return f"{share} ({good}/{expected})"
 
 
 def write(rows: list[dict], failed: list[dict], versions: dict, tools: list[str], name: str, seconds: float) -> None:
