@@ -112,7 +112,13 @@ def forms(case: Case, spec: TargetSpec) -> tuple[onnx.ModelProto, list[dict], di
     for candidate in candidates:
         if candidate["form"] == "unfused" or candidate.get("cost_us") is None:
             continue
-        only = replace(spec, ops=tuple(op for op in spec.ops if op.constructor == candidate["form"]))
+        # The one op, made nearly free so extraction writes it even where the graph's ops are predicted cheaper.
+        only = replace(
+            spec,
+            ops=tuple(
+                replace(op, efficiency=1e6, overhead_us=0.0) for op in spec.ops if op.constructor == candidate["form"]
+            ),
+        )
         forced = fuse(model, target=only, validate=False)
         if forced.report.fused == 1:
             written[candidate["form"]] = forced.model
@@ -179,36 +185,61 @@ def measure(spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print) ->
 
 
 def fit(spec: TargetSpec, calibration: Calibration) -> dict:
-    """The profile: per fused op an efficiency and overhead (a least-squares line of its measured own time
-    against its roofline), and one factor on the primitive ops' throughput (the unfused forms' median ratio)."""
-    unfused = [r for r in calibration.rows if r.form == "unfused" and r.predicted_us > 0]
-    scale = statistics.median(r.measured_us / r.predicted_us for r in unfused) if unfused else 1.0
+    """The profile: one least-squares fit, in relative error, of every measured time as
+
+        measured ≈ α · (the primitive ops around the op, as predicted) + a_op · roofline_op + o_op
+
+    (the unfused form: α · its predicted cost). α rescales the primitive roofline (throughputs divided by
+    it, per-node overhead multiplied), a_op and o_op give each fused op its efficiency (α / a_op: the op's
+    roofline is rescaled too) and fixed overhead. Linear in (α, a, o), so solved exactly; clipped positive."""
+    rows = [r for r in calibration.rows if r.measured_us > 0 and r.predicted_us > 0]
+    fused_ops = sorted({r.form for r in rows if r.form != "unfused" and r.roofline_us > 0})
+    columns = 1 + 2 * len(fused_ops)
+    a = np.zeros((len(rows), columns))
+    b = np.ones(len(rows))
+    for i, r in enumerate(rows):
+        weight = 1.0 / r.measured_us  # relative error: 100 µs decode steps count as much as 20 ms prefills
+        a[i, 0] = (r.predicted_us - r.own_us) * weight
+        if r.form in fused_ops:
+            j = 1 + 2 * fused_ops.index(r.form)
+            a[i, j], a[i, j + 1] = r.roofline_us * weight, weight
+    solution = _nonnegative_least_squares(a, b)
+    alpha = max(float(solution[0]), 1e-3)
     costs = spec.costs
     fitted_costs = replace(
-        costs, gflops=costs.gflops / scale, gbytes=costs.gbytes / scale, op_overhead_us=costs.op_overhead_us * scale
+        costs, gflops=costs.gflops / alpha, gbytes=costs.gbytes / alpha, op_overhead_us=costs.op_overhead_us * alpha
     )
     ops = {}
-    for op in spec.ops:
-        rows = [r for r in calibration.rows if r.form == op.constructor and r.roofline_us > 0]
-        if len(rows) < 2:
-            continue
-        # The op's own measured time: the block's time less what the model says surrounds the op (rescaled).
-        own = np.array([max(r.measured_us - (r.predicted_us - r.own_us) * scale, 0.1) for r in rows])
-        work = np.array([r.roofline_us for r in rows])
-        slope, intercept = np.polyfit(work, own, 1) if np.ptp(work) > 0 else (own.mean() / work.mean(), 0.0)
-        slope = max(float(slope), 1e-3)
-        ops[op.constructor] = {
-            "efficiency": round(1.0 / slope, 4),
-            "overhead_us": round(max(float(intercept) - fitted_costs.op_overhead_us, 0.0), 3),
+    for k, form in enumerate(fused_ops):
+        slope, intercept = float(solution[1 + 2 * k]), float(solution[2 + 2 * k])
+        ops[form] = {
+            "efficiency": round(alpha / max(slope, 1e-6), 4),
+            "overhead_us": round(max(intercept - fitted_costs.op_overhead_us, 0.0), 3),
         }
     return {
         "version": PROFILE_VERSION,
         "target": spec.name,
         "onnxruntime": _ort_version(),
         "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
+        "cases": len({r.case for r in rows}),
         "costs": asdict(fitted_costs),
         "ops": ops,
     }
+
+
+def _nonnegative_least_squares(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
+    """min ‖a x − b‖ with x ≥ 0: the unconstrained solution, then the negative entries fixed at 0 and the
+    rest re-solved (a handful of columns: the active set settles in a few rounds)."""
+    free = np.ones(a.shape[1], bool)
+    x = np.zeros(a.shape[1])
+    for _ in range(iterations):
+        x = np.zeros(a.shape[1])
+        x[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        negative = free & (x < 0)
+        if not negative.any():
+            break
+        free &= ~negative
+    return np.clip(x, 0.0, None)
 
 
 def apply_profile(spec: TargetSpec, profile: dict) -> TargetSpec:

@@ -29,6 +29,10 @@ _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 _FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0}
 
 
+UNFUSED_PENALTY_US = 1e6
+"""Added per Softmax (which only an unfused attention has) for targets that fuse whenever they can."""
+
+
 @dataclass(frozen=True)
 class Work:
     """What one e-node computes: FLOPs, bytes read and written, nodes dispatched."""
@@ -58,7 +62,17 @@ class CostModel:
         return self._bound[cid]
 
     def cost(self, node: ENode) -> float | None:
-        """Microseconds, or None where the target cannot run ``node`` (an op it lacks, a form it refuses)."""
+        """What extraction minimises: :meth:`time`, plus :data:`UNFUSED_PENALTY_US` for a Softmax where the
+        target fuses whenever it can (``TargetSpec.keep_unfused`` off): the cost model then chooses among the
+        fused forms, and never trades a fusion for a predicted microsecond."""
+        time = self.time(node)
+        if time is not None and node.op == "softmax" and not self.spec.keep_unfused:
+            return time + UNFUSED_PENALTY_US
+        return time
+
+    def time(self, node: ENode) -> float | None:
+        """Predicted microseconds, or None where the target cannot run ``node`` (an op it lacks, a form it
+        refuses)."""
         if node.op in _LEAVES:
             return _LEAVES[node.op]
         fused = self.spec.op_for(node.op)

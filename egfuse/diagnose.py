@@ -310,7 +310,7 @@ class _Unfused:
         self.model = model
 
     def cost(self, node: ENode) -> float | None:
-        return None if node.op in FUSED else self.model.cost(node)
+        return None if node.op in FUSED else self.model.time(node)
 
 
 def _unfused_cost(main: EClass, classes: dict[EClass, list[ENode]], model: CostModel) -> float | None:

@@ -29,7 +29,7 @@ def class_shapes(classes: Mapping[EClass, list[ENode]], lowered: Lowered, facts:
     for cid, nodes in classes.items():
         for node in nodes:
             if node.op in ("value", "ref"):
-                shape = facts.shape(lowered.values[node.args[0]])
+                shape = _value_shape(lowered.values[node.args[0]], facts)
                 if shape is not None:
                     shapes[cid] = tuple(shape)
                     break
@@ -49,6 +49,25 @@ def class_shapes(classes: Mapping[EClass, list[ENode]], lowered: Lowered, facts:
         if not changed:
             break
     return shapes
+
+
+def _value_shape(value: object, facts: GraphFacts) -> Shape | None:
+    """A graph value's shape; where shape inference invented a dim of a Concat's output (a KV cache's
+    ``past + new``), the sum of its inputs' dims along the axis."""
+    shape = facts.shape(value)
+    node = value.producer()
+    if shape is None or not any(d is not None and d.invented for d in shape) or node is None:
+        return None if shape is None else tuple(shape)
+    if node.op_type != "Concat" or None in node.inputs or "axis" not in node.attributes:
+        return tuple(shape)
+    parts = [facts.shape(v) for v in node.inputs]
+    if any(p is None or len(p) != len(shape) for p in parts):
+        return tuple(shape)
+    axis = node.attributes["axis"].value % len(shape)
+    total = parts[0][axis]
+    for part in parts[1:]:
+        total = None if total is None or part[axis] is None else total.plus(part[axis])
+    return tuple(total if i == axis else (parts[0][i] if d is None or d.invented else d) for i, d in enumerate(shape))
 
 
 def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:

@@ -39,5 +39,6 @@ SPEC = TargetSpec(
             "repeat_heads": 40.0,
         },
     ),
+    keep_unfused=True,
     no_rotary="target npu keeps RoPE as the graph's plain ops",
 )

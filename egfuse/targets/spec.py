@@ -92,6 +92,10 @@ class TargetSpec:
     shape_binding: tuple[tuple[str, int], ...] = ()
     """The sizes to optimize for (``--shape seq=512,past=1024``): symbol (or word in it) → size; unbound symbolic
     dims take typical sizes (:mod:`egfuse.shapes`)."""
+    keep_unfused: bool = False
+    """Extraction may keep a region's own ops where they are predicted cheaper than every fused form (npu: a
+    block already written as rank-3 single-head attention). Off: any fused form the target can write wins,
+    and the costs choose among them."""
     requires_standard_opset: bool = False
     """The model is converted to opset 23 before fusing (every op it writes may need it)."""
     no_rotary: str | None = None
