@@ -22,7 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
 from egfuse import diagnose, functions, protos, validate
-from egfuse.cost import CostModel
+from egfuse.cost import CostModel, WithoutForms
 from egfuse.dims import integer_text_dims
 from egfuse.errors import EgfuseError
 from egfuse.extract import extract
@@ -196,8 +196,15 @@ def _fuse(
     original = loaded.proto
     prepared, prepare_note = _prepare(loaded, chosen, validate)
     excluded: dict[RegionKey, tuple[str, float]] = {}
+    banned: dict[int, dict[str, str]] = {}  # region → forms that did not validate there, and why
     fuse_once = partial(
-        _fuse_once, budgets=budgets, excluded=excluded, source=loaded.source, weights=weights, origins=origins
+        _fuse_once,
+        budgets=budgets,
+        excluded=excluded,
+        banned=banned,
+        source=loaded.source,
+        weights=weights,
+        origins=origins,
     )
     fused_proto, report = fuse_once(prepared, chosen)
     opset_note = None
@@ -219,7 +226,7 @@ def _fuse(
             if round_ < _VALIDATION_ROUNDS - 1:
                 failing = _upstream_only(failing, fused_proto, report)
             note = report.validation_note
-            excluded.update(failing)
+            excluded.update(_ban_forms(failing, report, banned))
             fused_proto, report = fuse_once(prepared, chosen)
             if not report.changed:
                 report.validated, report.validation_note = None, note
@@ -374,6 +381,7 @@ def _fuse_once(
     *,
     budgets: Budgets,
     excluded: dict[RegionKey, tuple[str, float]],
+    banned: dict[int, dict[str, str]],
     source: str,
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None = None,
@@ -454,13 +462,22 @@ def _fuse_once(
             reason, diff = excluded[region.index]
             entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
             continue
+        region_choice = choice
+        if banned.get(region.index):  # forms that did not validate here: the next cheapest one instead
+            region_choice = extract(classes, WithoutForms(cost_model, set(banned[region.index])))
+            fused_ops = _fused_ops(main, region_choice)
+            entry.notes.extend(f"{form} did not validate ({why})" for form, why in banned[region.index].items())
+            if not fused_ops:
+                entry.status, entry.reason = "rolled back", "no fused form validated"
+                continue
+        entry.form = fused_ops[0].op
         emitter = Emitter(
             graph,
             facts,
             lowerer.table,
             classes,
             fact_tables["rank_of"],
-            choice,
+            region_choice,
             target,
             f"egfuse/r{region.index}",
             shapes,
@@ -472,7 +489,7 @@ def _fuse_once(
             replacements = [
                 (out, emitter.value(class_of[out]))
                 for out in region.outputs
-                if out in class_of and _fused_ops(class_of[out], choice)
+                if out in class_of and _fused_ops(class_of[out], region_choice)
             ] + emitter.also_replace
         except (ValueError, KeyError) as err:  # nothing was inserted yet: the region stays as it was
             entry.reason = f"the fused form could not be written as ONNX: {err}"
@@ -505,7 +522,7 @@ def _fuse_once(
     return out, report
 
 
-_VALIDATION_ROUNDS = 4
+_VALIDATION_ROUNDS = 6
 """Rounds of validate → roll back → re-fuse; the last one rolls back everything that still differs."""
 
 RegionKey = int | tuple[str, int]
@@ -607,6 +624,25 @@ def _fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryRepor
     entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in report.regions if r.status == "fused"}
     entries.update({("rotary", r.index): r for r in report.rotary if r.status == "fused"})
     return entries
+
+
+def _ban_forms(
+    failing: dict[RegionKey, tuple[str, float]], report: Report, banned: dict[int, dict[str, str]]
+) -> dict[RegionKey, tuple[str, float]]:
+    """Of the failing regions, those to roll back: a region with another fused form the target can write gets
+    that form instead (the failed one banned for it, with the reason), and is tried again."""
+    rollback = {}
+    for key, (reason, diff) in failing.items():
+        entry = report.regions[key] if isinstance(key, int) and key < len(report.regions) else None
+        if entry is None or entry.form is None:
+            rollback[key] = (reason, diff)
+            continue
+        tried = banned.setdefault(key, {})
+        tried[entry.form] = reason
+        left = [c for c in entry.candidates if c.get("cost_us") is not None and c["form"] not in (*tried, "unfused")]
+        if not left:
+            rollback[key] = (reason, diff)
+    return rollback
 
 
 def _upstream_only(

@@ -29,10 +29,6 @@ _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 _FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0}
 
 
-UNFUSED_PENALTY_US = 1e6
-"""Added per Softmax (which only an unfused attention has) for targets that fuse whenever they can."""
-
-
 @dataclass(frozen=True)
 class Work:
     """What one e-node computes: FLOPs, bytes read and written, nodes dispatched."""
@@ -62,13 +58,13 @@ class CostModel:
         return self._bound[cid]
 
     def cost(self, node: ENode) -> float | None:
-        """What extraction minimises: :meth:`time`, plus :data:`UNFUSED_PENALTY_US` for a Softmax where the
-        target fuses whenever it can (``TargetSpec.keep_unfused`` off): the cost model then chooses among the
-        fused forms, and never trades a fusion for a predicted microsecond."""
-        time = self.time(node)
-        if time is not None and node.op == "softmax" and not self.spec.keep_unfused:
-            return time + UNFUSED_PENALTY_US
-        return time
+        """What extraction minimises: :meth:`time`, except that a target which fuses whenever it can
+        (``TargetSpec.keep_unfused`` off) cannot write a Softmax, so the costs choose among the fused forms and
+        never trade a fusion for a predicted microsecond. (A region with no fused form, or a softmax whose
+        probabilities are read elsewhere, then has no extraction for that output and keeps its own nodes.)"""
+        if node.op == "softmax" and not self.spec.keep_unfused:
+            return None
+        return self.time(node)
 
     def time(self, node: ENode) -> float | None:
         """Predicted microseconds, or None where the target cannot run ``node`` (an op it lacks, a form it
@@ -183,3 +179,14 @@ class CostModel:
         compute = work.flops / (params.gflops * 1e3)
         memory = work.bytes / (params.gbytes * 1e3)
         return max(compute, memory) / max(efficiency, 1e-6)
+
+
+class WithoutForms:
+    """A cost model that cannot write some fused forms (those that failed validation for one region)."""
+
+    def __init__(self, model: CostModel, forms: set[str]) -> None:
+        self.model = model
+        self.forms = forms
+
+    def cost(self, node: ENode) -> float | None:
+        return None if node.op in self.forms else self.model.cost(node)

@@ -13,6 +13,7 @@ class RegionReport:
     status: str  # "fused" | "not fused" | "rolled back"
     output: str | None = None  # the region's output value (compared on onnxruntime)
     fused_into: str | None = None  # e.g. "com.microsoft.Attention"
+    form: str | None = None  # the e-graph constructor written ("attend", "mha" …)
     variants: dict[str, str] = field(default_factory=dict)  # what spelling was seen
     reason: str | None = None  # why not fused / why rolled back
     max_abs_diff: float | None = None

@@ -38,17 +38,22 @@ def class_shapes(classes: Mapping[EClass, list[ENode]], lowered: Lowered, facts:
     for _ in range(_MAX_PASSES):
         changed = False
         for cid, nodes in classes.items():
-            if cid in shapes:
+            known = shapes.get(cid)
+            if known is not None and not _invented(known):
                 continue
             for node in nodes:
                 shape = _node_shape(node, shapes)
-                if shape is not None:
-                    shapes[cid] = shape
+                # A member's meaning beats shape inference's invented names (a repeated cache's length).
+                if shape is not None and (known is None or _invented(shape) < _invented(known)):
+                    shapes[cid] = known = shape
                     changed = True
-                    break
         if not changed:
             break
     return shapes
+
+
+def _invented(shape: Shape) -> int:
+    return sum(d is None or d.invented for d in shape)
 
 
 def _value_shape(value: object, facts: GraphFacts) -> Shape | None:
@@ -157,8 +162,6 @@ def bind(dim: Dim | None, binding: Mapping[str, int]) -> int:
 def _bind_symbol(sym: str, binding: Mapping[str, int]) -> int:
     if sym in binding:
         return int(binding[sym])
-    if sym.startswith("unk__"):  # shape inference lost track (often a broadcast axis): counted as 1, never as
-        return 1  # a length, so a mask of four unknown dims is not priced as 128⁴ elements
     poly = _parse_poly(sym) if _is_sum(sym) else None
     if poly:  # a sum of terms: each term's symbols bound
         return sum(coef * math.prod(_bind_symbol(s, binding) for s in term) for term, coef in poly.items())

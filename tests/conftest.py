@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 import egfuse
 from egfuse import validate
+from egfuse.targets import TargetSpec, get_target
 
 DATA = Path(__file__).parent / "data"
 PEER = Path(__file__).resolve().parents[2] / "shared" / "peer-graphs" / "ort"
@@ -64,6 +66,13 @@ def fuse_one_block(model: onnx.ModelProto, target: str, feeds: dict) -> egfuse.F
     assert result.report.validated is True, str(result.report)
     assert fused_op_count(result.model, target) == 1
     return result
+
+
+def only(target: str, *forms: str) -> TargetSpec:
+    """``target`` able to write only ``forms`` (e-graph constructors): for tests of one op's writing, which the
+    calibrated costs would otherwise choose by the shapes."""
+    spec = get_target(target)
+    return dataclasses.replace(spec, ops=tuple(op for op in spec.ops if op.constructor in forms))
 
 
 @pytest.fixture(params=["ort", "onnx"])

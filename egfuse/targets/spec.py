@@ -116,7 +116,12 @@ class TargetSpec:
         if profile.get("target") != self.name:
             raise ValueError(f"the profile is for target {profile.get('target')!r}, not {self.name!r}")
         costs = CostParams(**profile["costs"]) if "costs" in profile else self.costs
-        fitted = profile.get("ops", {})
+        fitted = dict(profile.get("ops", {}))
+        for op in self.ops:  # a form the profile did not time runs on the same kernel as one it did
+            if op.constructor not in fitted:
+                twin = next((o for o in self.ops if o.label == op.label and o.constructor in fitted), None)
+                if twin is not None:
+                    fitted[op.constructor] = fitted[twin.constructor]
         ops = tuple(
             replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()}) if op.constructor in fitted else op
             for op in self.ops
