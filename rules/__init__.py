@@ -16,6 +16,8 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 
 from __future__ import annotations
 
+import functools
+
 from egfuse.rules import attention, clamp, commute, facts, heads, layout, masks, ort, precision, qbias, scale, softcap
 from egglog import Ruleset
 
@@ -39,8 +41,10 @@ FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
 """Rule families a target may ask for beyond the core (``TargetSpec.rule_families``): forms only its ops take."""
 
 
+@functools.cache
 def ruleset_for(families: tuple[str, ...]) -> Ruleset:
-    """The core and the named families, as one ruleset."""
+    """The core and the named families, as one ruleset — built once per combination: egglog-python gathers a
+    new ruleset object's declarations again (about a second per e-graph)."""
     ruleset = CORE
     for name in families:
         ruleset = ruleset | FAMILIES[name]
