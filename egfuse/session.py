@@ -13,15 +13,29 @@ from dataclasses import dataclass
 
 import egglog
 from egglog import bindings
+from egglog.declarations import Declarations
 
 from egfuse import lang
 
 _BATCH = 64  # commands per parse: egglog's parser is quadratic in one program's length
 
 
+_FLAT_DECLS: dict[int, tuple[object, Declarations]] = {}
+
+
+def flat_declarations(*objects: object) -> Declarations:
+    """The declarations of typed objects (a ruleset, the language's constructors) merged once, by identity.
+    egglog-python gathers them anew on every ``_add_decls`` — through runtime protocol checks, tens of
+    thousands of calls, about half a second an e-graph — though they never change."""
+    key = hash(tuple(id(o) for o in objects))
+    if key not in _FLAT_DECLS:
+        _FLAT_DECLS[key] = (objects, Declarations.create(*objects))  # the objects kept: their ids stay theirs
+    return _FLAT_DECLS[key][1]
+
+
 def egg_names(egraph: egglog.EGraph, fns: dict[str, object]) -> dict[str, str]:
     """The egglog-level names of typed constructors/functions, registering them with ``egraph``."""
-    egraph._add_decls(*fns.values())  # once: each call re-merges every declaration
+    egraph._add_decls(flat_declarations(*fns.values()))  # once: each call re-merges every declaration
     return {name: egraph._state.callable_ref_to_egg(fn.__egg_ref__)[0] for name, fn in fns.items()}
 
 
@@ -72,7 +86,7 @@ class Session:
         )
 
     def _sort_name(self) -> str:
-        self.egraph._add_decls(lang.Tensor)
+        self.egraph._add_decls(flat_declarations(lang.Tensor))
         return self.egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
 
     # --- loading ---------------------------------------------------------------------------------------------
@@ -91,7 +105,7 @@ class Session:
         start = time.perf_counter()
         stats.stop_reason = "iteration budget"
         schedule = egglog.run(ruleset)
-        self.egraph._add_decls(schedule)  # registers the rules once …
+        self.egraph._add_decls(flat_declarations(ruleset))  # registers the rules once …
         command = self.egraph._state.run_schedule_to_egg(schedule.schedule)  # … then one iteration is one command
         for _ in range(max_iterations):
             (output,) = self._raw.run_program(command)

@@ -162,6 +162,8 @@ def bind(dim: Dim | None, binding: Mapping[str, int]) -> int:
 def _bind_symbol(sym: str, binding: Mapping[str, int]) -> int:
     if sym in binding:
         return int(binding[sym])
+    if sym.startswith("unk__"):  # shape inference lost track, and no member's meaning said more (class_shapes
+        return 1  # prefers one): often a broadcast axis, so 1, never 128 — a mask of four such dims is not 128⁴
     poly = _parse_poly(sym) if _is_sum(sym) else None
     if poly:  # a sum of terms: each term's symbols bound
         return sum(coef * math.prod(_bind_symbol(s, binding) for s in term) for term, coef in poly.items())
