@@ -38,7 +38,58 @@ def extract(classes: dict[EClass, list[ENode]], model: CostModel) -> dict[EClass
             for child in node.children:
                 parents.setdefault(child, set()).add(cid)
     best: dict[EClass, Choice] = {}
-    pending = sorted(classes)
+    _relax(classes, own, parents, best, sorted(classes))
+    for _ in range(_CYCLE_ROUNDS):
+        # A choice made when its children chose otherwise can close a cycle later (A picks B, then B comes to
+        # pick A through C): such choices are dropped and their classes chosen again from what stands.
+        cyclic = _on_cycles(best)
+        if not cyclic:
+            break
+        for cid in cyclic:
+            del best[cid]
+        _relax(classes, own, parents, best, sorted(cyclic | {p for c in cyclic for p in parents.get(c, ())}))
+    return best
+
+
+_CYCLE_ROUNDS = 8
+
+
+def _on_cycles(best: dict[EClass, Choice]) -> set[EClass]:
+    """The classes whose chosen node leads back to them through the chosen nodes."""
+    state: dict[EClass, int] = {}  # 1: on the DFS path, 2: done
+    cyclic: set[EClass] = set()
+    for start in best:
+        if start in state:
+            continue
+        stack = [(start, iter(best[start].node.children))]
+        state[start] = 1
+        path = [start]
+        while stack:
+            cid, kids = stack[-1]
+            for kid in kids:
+                if kid not in best:
+                    continue
+                if state.get(kid) == 1:
+                    cyclic.update(path[path.index(kid) :])
+                elif kid not in state:
+                    state[kid] = 1
+                    path.append(kid)
+                    stack.append((kid, iter(best[kid].node.children)))
+                    break
+            else:
+                state[cid] = 2
+                stack.pop()
+                path.pop()
+    return cyclic
+
+
+def _relax(
+    classes: dict[EClass, list[ENode]],
+    own: dict[ENode, float | None],
+    parents: dict[EClass, set[EClass]],
+    best: dict[EClass, Choice],
+    pending: list[EClass],
+) -> None:
     queued = set(pending)
     updates = 0
     limit = _MAX_PASSES * max(1, len(classes))
@@ -65,7 +116,6 @@ def extract(classes: dict[EClass, list[ENode]], model: CostModel) -> dict[EClass
                 if parent not in queued:
                     queued.add(parent)
                     pending.append(parent)
-    return best
 
 
 def _better(a: Choice, b: Choice) -> bool:
