@@ -52,7 +52,13 @@ def run(entry: dict, tool: str, corpus: Path, hidden: int, timeout: float) -> di
 
 
 def score(entry: dict, record: dict) -> tuple[int, str]:
-    """(blocks fused and correct, reason when fewer than expected)."""
+    """(blocks fused and correct, reason when fewer than expected; onnxruntime's errors name the model's file,
+    so the repo's own path is cut from them: results hold repo-relative paths)."""
+    good, reason = _score(entry, record)
+    return good, reason.replace(f"{HERE.resolve().parent}/", "")
+
+
+def _score(entry: dict, record: dict) -> tuple[int, str]:
     expected = entry["blocks"]
     fused = sum((record.get("fused") or {}).values())
     if not record.get("ok"):

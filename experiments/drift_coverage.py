@@ -56,7 +56,6 @@ def measure(entry: dict, tool: str, stack_dir: Path, hidden: int, timeout: float
     # optimize_worker keeps its output beside the model when the check fails: not corpus data
     (stack_dir / f"{entry['file']}.{tool.replace(':', '_')}.tmp.onnx").unlink(missing_ok=True)
     good, reason = compare.score(entry, record)
-    reason = reason.replace(f"{ROOT}/", "") if reason else reason  # onnxruntime's errors name the file: repo paths
     details = _egfuse_reasons(stack_dir / entry["file"], tool, timeout) if tool.startswith("egfuse") and reason else []
     return {
         "stack": stack_dir.name, "model": entry["name"], "exporter": entry["exporter"], "tool": tool,
