@@ -432,7 +432,7 @@ def _fuse_once(
             if node.op in ("ref", "value"):
                 class_of[lowerer.table.values[node.args[0]]] = cid
     shapes = class_shapes(classes, lowerer.table, facts)
-    cost_model = CostModel(target, classes, shapes)
+    cost_model = CostModel(target, shapes)
     choice = extract(classes, cost_model)
     runnable = {op.constructor for op in target.ops}
 

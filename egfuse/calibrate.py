@@ -122,18 +122,11 @@ def forms(case: Case, spec: TargetSpec) -> tuple[onnx.ModelProto, list[dict], di
         forced = fuse(model, target=only, validate=False)
         if forced.report.fused == 1:
             written[candidate["form"]] = forced.model
-    chosen = _chosen_form(result.report)
+    region = result.report.regions[0] if result.report.regions else None
+    chosen = region.form if region is not None and region.status == "fused" else "unfused"
     for candidate in candidates:
         candidate["chosen"] = candidate["form"] == chosen
     return model, candidates, written
-
-
-def _chosen_form(report: object) -> str:
-    regions = report.regions  # type: ignore[attr-defined]
-    if not regions or regions[0].status != "fused":
-        return "unfused"
-    priced = [c for c in regions[0].candidates if c.get("cost_us") is not None and c["form"] != "unfused"]
-    return priced[0]["form"] if priced else "unfused"
 
 
 def time_models(

@@ -44,7 +44,6 @@ class CostModel:
     def __init__(
         self,
         spec: TargetSpec,
-        classes: Mapping[EClass, list[ENode]],
         shapes: Mapping[EClass, Shape],
     ) -> None:
         self.spec = spec

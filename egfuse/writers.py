@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
-from egfuse.kv_cache import SEQUENCE_AXIS, find_cache
+from egfuse.kv_cache import find_cache
 from egfuse.session import EClass, ENode
 from egfuse.targets.spec import FusedOp
 
@@ -206,4 +206,4 @@ WRITERS: dict[str, Callable[[ENode, Emitter, FusedOp], ir.Value]] = {
     "single_head": single_head,
 }
 
-__all__ = ["SEQUENCE_AXIS", "THREE_D", "WRITERS"]
+__all__ = ["THREE_D", "WRITERS"]
