@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from egfuse.dims import Dim
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
 from egfuse.targets.spec import FusedOp, TargetSpec
@@ -105,11 +106,24 @@ class CostModel:
             return None
         if not op.softcap and not packed and float(node.args[5]) != 0.0:
             return None
+        if not op.broadcasts_batch and self._batch_broadcast(node, packed):
+            return None
         work = self._fused_work(node, op)
         if work is None:
             return None
         params = self.spec.costs
         return self._roofline(work, op.efficiency) + op.overhead_us + work.nodes * params.op_overhead_us
+
+    def _batch_broadcast(self, node: ENode, packed: bool) -> bool:
+        """K or V of batch 1 where the query's batch may be more: broadcasting a fused kernel refuses."""
+        if packed:
+            return False
+        q, k, v = (self._shapes.get(c) for c in node.args[:3])
+        if not q or q[0] == Dim(1):
+            return False
+        return any(x is not None and len(x) == len(q) and x[0] == Dim(1) for x in (k, v)) or any(
+            x is not None and len(x) == 4 and len(q) == 3 and x[0] == Dim(1) for x in (k, v)
+        )
 
     def _fused_work(self, node: ENode, op: FusedOp) -> Work | None:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
@@ -165,6 +179,11 @@ class CostModel:
             lead = max(math.prod(a[:-2]), math.prod(b[:-2]))
             out = lead * (a[-2] if len(a) > 1 else 1) * b[-1]
             return Work(2.0 * out * a[-1], (sizes[0] + sizes[1] + out) * ELEMENT_BYTES)
+        if op in ("concat", "part", "cols_before", "cols_from"):  # copies: what they write, read once
+            out = sum(sizes) if op == "concat" else sizes[0] / 2
+            if op == "part" and -len(ins[0]) <= int(node.args[1]) < 0:
+                out = sizes[0] * int(node.args[3]) / max(ins[0][int(node.args[1])], 1)
+            return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
                   "nan_to_zero", "transpose", "repeat_heads"):  # fmt: skip
             out = max(sizes) if sizes else 1

@@ -24,6 +24,8 @@ __all__ = [
     "dim_of",
     "dtype_of",
     "finite",
+    "head_invariant",
+    "heads_of",
     "is_weight",
     "perm_string",
     "perm_table",
@@ -94,6 +96,24 @@ class Tensor(Expr):
     @classmethod
     def nan_to_zero(cls, a: Tensor, zero: Tensor) -> Tensor:
         """``Where(IsNaN(a), zero, a)``: the guard exporters put after softmax for fully masked rows."""
+
+    # --- pieces and joins: a KV cache read in split-score form, attention written head by head ----------------
+    @classmethod
+    def concat(cls, a: Tensor, b: Tensor, axis: i64Like) -> Tensor:
+        """``Concat([a, b], axis)`` with ``axis`` counted from the end (−1 the last), so a rule holds at any rank.
+        An n-ary Concat is a left fold of these."""
+
+    @classmethod
+    def part(cls, a: Tensor, axis: i64Like, start: i64Like, size: i64Like) -> Tensor:
+        """``a[…, start : start + size, …]`` along ``axis`` (counted from the end): one piece of a Split."""
+
+    @classmethod
+    def cols_before(cls, a: Tensor, n: StringLike) -> Tensor:
+        """``a[…, :n]``: the probabilities over a KV cache of length ``n`` (a symbolic dim)."""
+
+    @classmethod
+    def cols_from(cls, a: Tensor, n: StringLike) -> Tensor:
+        """``a[…, n:]``: the probabilities over the keys that follow a cache of length ``n``."""
 
     # --- semantic layout (what a Reshape means) ------------------------------------------------------------
     @classmethod
@@ -208,6 +228,11 @@ def dim_of(x: Tensor, axis: i64Like) -> String:
     """A dim of a constant (axis counted from the end when negative), where known."""
 
 
+@function(merge=lambda old, new: old)
+def heads_of(x: Tensor) -> i64:
+    """The static size of the heads axis (−3) of a (B, N, S, H) tensor: what joining heads adds up."""
+
+
 @function
 def perm_then(first: StringLike, then: StringLike) -> String:
     """Composition table: ``transpose(transpose(x, first), then) == transpose(x, perm_then(first, then))``."""
@@ -220,6 +245,10 @@ def swap_last2(perm: StringLike) -> String:
 
 is_weight = relation("is_weight", Tensor)
 """A constant initializer (projection weight or bias): packable into a fused op's weights."""
+
+head_invariant = relation("head_invariant", Tensor)
+"""The same for every head: its heads axis (−3) is 1 or absent (a padding or causal mask, no position bias), so
+attention on a few heads and on all of them read it alike."""
 
 finite = relation("finite", Tensor)
 """Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""

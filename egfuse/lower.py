@@ -29,6 +29,9 @@ class Lowered:
     ids: dict[ir.Value, int] = field(default_factory=dict)
     leaves: set[int] = field(default_factory=set)
     commands: list[str] = field(default_factory=list)
+    cuts: dict[str, ir.Value] = field(default_factory=dict)
+    """A symbolic length → a graph value holding it (the Slice bound it came from), so a cut at it can be
+    written again."""
 
     def id_of(self, value: ir.Value) -> int:
         if value not in self.ids:
@@ -74,6 +77,14 @@ class Lowerer:
         rank = self.facts.rank(value)
         if rank is not None:
             cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")
+        shape = self.facts.shape(value)
+        if rank is not None and shape is not None and len(shape) == rank:
+            if rank <= 2 or shape[-3] == Dim(1):
+                cmds.append(f"({self.n['head_invariant']} {term})")
+            if rank >= 3 and shape[-2] is not None:  # rows: a cache's length, where its probabilities are cut
+                cmds.append(f'(set ({self.n["dim_of"]} {term} -2) "{shape[-2]}")')
+            if rank == 4 and shape[1] is not None and shape[1].static is not None:
+                cmds.append(f"(set ({self.n['heads_of']} {term}) {shape[1].static})")
         if rank == 4:  # heads and head size of a (B, N, S, H) tensor: what an op taking (B, S, N·H) needs
             shape = self.facts.shape(value)
             for axis in (1, 3):
@@ -114,11 +125,15 @@ class Lowerer:
     # --- regions ---------------------------------------------------------------------------------------------
     def lower(self, region: Region) -> None:
         produced = self._inside = {v for node in region.nodes for v in node.outputs}
+        escaping = set(region.outputs) - {region.main_output}  # kept by the graph whatever the region becomes
         for node in region.nodes:
             out = node.outputs[0]
             if self.facts.const(out) is not None:
                 continue  # constant bookkeeping: its users see a leaf with the value as a fact
             args = [self._arg(v, produced) for v in node.inputs]
+            if node.op_type == "Split":
+                self._split(node, args[0])
+                continue
             term = self._term(node, args)
             ref = self._call("ref", str(self.table.id_of(out)))
             if term is None:  # an op form the rules do not know: keep it as an opaque leaf value
@@ -126,6 +141,9 @@ class Lowerer:
                 continue
             self.table.commands.append(f"(union {ref} {term})")
             self._facts(out, ref, leaf=False)
+            if node.op_type == "Concat" and out in escaping:
+                # A join the graph keeps anyway (a KV cache's present output): reading it costs nothing more.
+                self.table.commands.append(f"(union {ref} {self._leaf(out)})")
 
     def _term(self, node: ir.Node, args: list[str | None]) -> str | None:
         op = node.op_type
@@ -181,6 +199,154 @@ class Lowerer:
             return self._einsum_permutation(node, args[0])
         if op == "Conv":
             return self._conv1x1(node, args)
+        if op == "Concat":
+            return self._concat(node, args)
+        if op == "Slice":
+            return self._slice(node, args[0])
+        if op in ("Squeeze", "Unsqueeze"):
+            return self._unit_heads_axis(node, args[0])
+        return None
+
+    # --- pieces and joins ----------------------------------------------------------------------------------
+    def _split(self, node: ir.Node, arg: str | None) -> None:
+        """Each output of a Split is a ``part`` of its input (a query split head by head); an output whose
+        piece is unknown is an opaque leaf."""
+        pieces = self._split_pieces(node)
+        for i, out in enumerate(node.outputs):
+            ref = self._call("ref", str(self.table.id_of(out)))
+            term = None
+            if pieces is not None and arg is not None:
+                axis, start, size = pieces[i]
+                term = self._piece(node.inputs[0], arg, axis, start, size)
+            if term is None:
+                self.table.commands.append(f"(union {ref} {self._leaf(out)})")
+                continue
+            self.table.commands.append(f"(union {ref} {term})")
+            self._facts(out, ref, leaf=False)
+
+    def _split_pieces(self, node: ir.Node) -> list[tuple[int, int, int]] | None:
+        """(axis from the end, start, size) of each output, where the input's axis is static."""
+        shape, rank = self.facts.shape(node.inputs[0]), self.facts.rank(node.inputs[0])
+        attr = node.attributes.get("axis")
+        axis = 0 if attr is None else int(attr.value)
+        if shape is None or rank is None or not -rank <= axis < rank:
+            return None
+        whole = shape[axis]
+        if whole is None or whole.static is None:
+            return None
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            sizes = self.facts.const(node.inputs[1])
+            sizes = None if sizes is None else [int(v) for v in sizes.reshape(-1)]
+        elif "split" in node.attributes:
+            sizes = [int(v) for v in node.attributes["split"].value]
+        else:
+            count = len(node.outputs)
+            chunk = -(-whole.static // count)
+            sizes = [min(chunk, whole.static - i * chunk) for i in range(count)]
+        if sizes is None or len(sizes) != len(node.outputs) or sum(sizes) != whole.static:
+            return None
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [(axis % rank - rank, start, size) for start, size in zip(starts, sizes, strict=True)]
+
+    def _piece(self, value: ir.Value, arg: str, axis: int, start: int, size: int) -> str:
+        """``value[…, start : start + size, …]``; on the last axis of (B, S, N·H) in pieces as wide as a head
+        it is also that head of the head split (so per-head attention meets the heads it came from)."""
+        plain = self._call("part", arg, str(axis), str(start), str(size))
+        width = self.facts.shape(value)[axis]
+        if axis != -1 or self.facts.rank(value) != 3 or size <= 0 or start % size or width.static % size:
+            return plain
+        heads = width.static // size
+        split = self._call("transpose", self._call("split_heads", arg, _q(heads), _q(size)), _q("0,2,1,3"))
+        self.table.commands.append(f"(set ({self.n['heads_of']} {split}) {heads})")
+        head = self._call("merge_lead", self._call("part", split, "-3", str(start // size), "1"), _q(1))
+        self.table.commands.append(f"(union {plain} {head})")
+        return plain
+
+    def _concat(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """An n-ary Concat as a left fold of binary joins; on the last axis of (B, S, H) pieces as wide as
+        each other it is also the heads joined, (B, N, S, H) → (B, S, N·H), as head-by-head attention ends."""
+        rank = self.facts.rank(node.outputs[0])
+        attr = node.attributes.get("axis")
+        if rank is None or attr is None or not -rank <= int(attr.value) < rank or len(args) < 2 or None in args:
+            return None
+        axis = int(attr.value) % rank - rank
+        joined = args[0]
+        for arg in args[1:]:
+            joined = self._call("concat", joined, arg, str(axis))
+        shapes = [self.facts.shape(v) for v in node.inputs]
+        widths = {None if s is None or len(s) != 3 or s[-1] is None else s[-1].static for s in shapes}
+        if axis != -1 or rank != 3 or len(widths) != 1 or None in widths:
+            return joined
+        (width,) = widths
+        heads = self._call("split_lead", args[0], _q(1))
+        for arg in args[1:]:
+            heads = self._call("concat", heads, self._call("split_lead", arg, _q(1)), "-3")
+        moved = self._call("transpose", heads, _q("0,2,1,3"))
+        self.table.commands.append(f"(union {joined} {self._call('merge_heads', moved, _q(len(args)), _q(width))})")
+        return joined
+
+    def _slice(self, node: ir.Node, arg: str) -> str | None:
+        """A Slice along one axis: a static piece is a ``part``; the last axis cut at a symbolic length (a
+        KV cache's probabilities) is ``cols_before``/``cols_from``, the bound's value kept to write it again."""
+        ins = node.inputs
+        rank, shape = self.facts.rank(ins[0]), self.facts.shape(ins[0])
+        if rank is None or shape is None or len(ins) < 3:
+            return None
+        axes = self.facts.const(ins[3]) if len(ins) > 3 and ins[3] is not None else np.arange(1)
+        steps = self.facts.const(ins[4]) if len(ins) > 4 and ins[4] is not None else np.ones(1, np.int64)
+        starts, ends = self._elements(ins[1]), self._elements(ins[2])
+        if axes is None or steps is None or starts is None or ends is None or axes.size != 1 or len(starts) != 1:
+            return None
+        if len(ends) != 1 or int(steps.reshape(-1)[0]) != 1 or not -rank <= int(axes.reshape(-1)[0]) < rank:
+            return None
+        axis = int(axes.reshape(-1)[0]) % rank - rank
+        (start,), (end,) = starts, ends
+        whole = shape[axis]
+        to_end = end is not None and ((end.static is not None and end.static >= 2**31 - 1) or end == whole)
+        if start is None or (end is None and not to_end):
+            return None
+        if start.static is not None and whole is not None and whole.static is not None and end.static is not None:
+            first = min(max(start.static + (whole.static if start.static < 0 else 0), 0), whole.static)
+            last = min(max(end.static + (whole.static if end.static < 0 else 0), 0), whole.static)
+            piece = self._piece(ins[0], arg, axis, first, max(last - first, 0))
+            cut = None
+            if axis == -1 and first == 0 < last < whole.static and end.static >= 0:  # a prefix, cut at its end
+                cut, bound, at = self._call("cols_before", arg, _q(last)), ins[2], last
+            elif axis == -1 and 0 < first == start.static and last == whole.static:  # the rest, from its start
+                cut, bound, at = self._call("cols_from", arg, _q(first)), ins[1], first
+            if cut is not None:
+                self.table.cuts.setdefault(str(at), bound)
+                self.table.commands.append(f"(union {piece} {cut})")
+            return piece
+        if axis != -1:
+            return None
+        if start == Dim(0) and end.static is None:
+            self.table.cuts.setdefault(str(end), ins[2])
+            return self._call("cols_before", arg, _q(end))
+        if start.static is None and to_end:
+            self.table.cuts.setdefault(str(start), ins[1])
+            return self._call("cols_from", arg, _q(start))
+        return None
+
+    def _elements(self, value: ir.Value) -> tuple[Dim | None, ...] | None:
+        """A 1-D int tensor's elements as dims: constants, or sizes read off shapes (``Shape(k)[2]``)."""
+        const = self.facts.const(value)
+        if const is not None and np.issubdtype(const.dtype, np.integer):
+            return tuple(Dim(int(v)) for v in const.reshape(-1))
+        return self.facts.elems(value)
+
+    def _unit_heads_axis(self, node: ir.Node, arg: str) -> str | None:
+        """Squeezing the unit axis 1 of a rank-4 tensor merges it into the batch, unsqueezing axis 1 of a rank-3
+        one splits a unit axis off it: per-head attention's (B, 1, S, H) ↔ (B, S, H)."""
+        axes = _axes(node, self.facts)
+        rank = self.facts.rank(node.inputs[0])
+        if axes is None or len(axes) != 1 or rank is None:
+            return None
+        if node.op_type == "Squeeze" and rank == 4 and axes[0] % 4 == 1:
+            shape = self.facts.shape(node.inputs[0])
+            return self._call("merge_lead", arg, _q(1)) if shape is not None and shape[1] == Dim(1) else None
+        if node.op_type == "Unsqueeze" and rank == 3 and axes[0] % 4 == 1:
+            return self._call("split_lead", arg, _q(1))
         return None
 
     def _einsum_permutation(self, node: ir.Node, arg: str) -> str | None:
@@ -320,7 +486,7 @@ class Lowerer:
         provably equal to its source even when nobody knows its size."""
         generic = self._call("reshape", args[0], args[1])
         src = self.facts.shape(node.inputs[0])
-        if src is None:
+        if not src:  # unknown, or a scalar (no layout to read)
             return generic
         src = tuple(
             d if d is not None else Dim(1, (f"?{self.table.id_of(node.inputs[0])}_{i}",)) for i, d in enumerate(src)
@@ -367,4 +533,5 @@ def _mul(a: Dim | None, b: Dim | None) -> Dim | None:
 
 
 def _required_inputs(op: str) -> int:
-    return {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Expand": 2}.get(op, 1)
+    required = {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Expand": 2, "Slice": 3}
+    return required.get(op, 1)

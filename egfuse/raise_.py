@@ -395,6 +395,19 @@ class Emitter(NodeBuilder):
         if op == "transpose":
             x = self.value(a[0])
             return self.node("Transpose", [x], {"perm": [int(p) for p in a[1].split(",")]}, like=x)
+        if op == "concat":
+            x, y = self.value(a[0]), self.value(a[1])
+            return self.node("Concat", [x, y], {"axis": int(a[2])}, like=x)
+        if op == "part":
+            x = self.value(a[0])
+            start, size = int(a[2]), int(a[3])
+            bounds = [self.const(np.array([v], np.int64), hint) for v, hint in ((start, "at"), (start + size, "to"))]
+            return self.node("Slice", [x, *bounds, self.const(np.array([int(a[1])], np.int64), "axis")], like=x)
+        if op in ("cols_before", "cols_from"):
+            x, cut = self.value(a[0]), self.lowered.cuts[a[1]]
+            ends = [self.const(np.array([0], np.int64), "at"), cut] if op == "cols_before" else [
+                cut, self.const(np.array([2**63 - 1], np.int64), "to_end")]  # fmt: skip
+            return self.node("Slice", [x, *ends, self.const(np.array([-1], np.int64), "axis")], like=x)
         if op == "nan_to_zero":
             x, zero = self.value(a[0]), self.value(a[1])
             return self.node("Where", [self.node("IsNaN", [x]), zero, x], like=x)

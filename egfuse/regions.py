@@ -24,7 +24,10 @@ VOCABULARY = frozenset({
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
     "Identity",  # torch's clone() in old dynamo exports
     "CastLike",  # torch 2.1: a Cast to the dtype of another value (lowered like Cast)
+    "Concat", "Slice", "Split", "Squeeze",  # on float tensors (PIECES): split scores, heads split one by one
 })  # fmt: skip
+PIECES = frozenset({"Concat", "Slice", "Split", "Squeeze"})
+"""Ops that also compute shapes (integer tensors); in a region only where they carry attention's floats."""
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone()
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "CastLike", "Reshape", "Dropout", "Expand", "Identity"})
@@ -100,6 +103,10 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
         if len(matmuls) == 1 and len(users) == 1:
             chain.append(matmuls[0])
             break
+        split_score = _split_score(value, users)
+        if split_score:
+            chain.extend(split_score)
+            break
         # The IsNaN guard reads the probabilities twice (IsNaN(p) and Where(…, p)).
         guards = [
             n
@@ -116,7 +123,7 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
         else:
             chain.append(guards[0])
             value = guards[0].outputs[0]
-    if not chain or chain[-1].op_type not in ("MatMul", "Einsum"):
+    if not chain or chain[-1].op_type not in ("MatMul", "Einsum", "Add"):
         return chain
     value = chain[-1].outputs[0]
     for _ in range(3):
@@ -126,6 +133,31 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
         chain.append(nxt)
         value = nxt.outputs[0]
     return chain
+
+
+def _is_float(value: ir.Value) -> bool:
+    return value.dtype is not None and value.dtype.is_floating_point()
+
+
+def _split_score(value: ir.Value, users: list[ir.Node]) -> list[ir.Node]:
+    """Probabilities cut into pieces (a KV cache's split-score form: over the cache and over the new keys), each
+    piece times its values, the products added: those nodes, or none where the probabilities go elsewhere."""
+    if len(users) < 2 or any(n.op_type != "Slice" or n.inputs[0] is not value for n in users):
+        return []
+    products = [single_consumer(n.outputs[0]) for n in users]
+    pairs = zip(products, users, strict=True)
+    if any(m is None or m.op_type != "MatMul" or m.inputs[0] is not s.outputs[0] for m, s in pairs):
+        return []
+    adds: list[ir.Node] = []
+    pending = {m.outputs[0] for m in products}
+    while len(pending) > 1:  # the sum, as a chain or a tree of binary Adds
+        ready = [(v, single_consumer(v)) for v in pending]
+        add = next((a for v, a in ready if a is not None and a.op_type == "Add" and set(a.inputs) <= pending), None)
+        if add is None:
+            return []
+        adds.append(add)
+        pending = (pending - set(add.inputs)) | {add.outputs[0]}
+    return [*users, *products, *adds]
 
 
 def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
@@ -138,6 +170,8 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
         if node is None or node in found or node in claimed or depth > _MAX_BACKWARD_DEPTH:
             continue
         if node.op_type not in VOCABULARY or node.domain not in ("", "ai.onnx") or node.op_type == "Softmax":
+            continue
+        if node.op_type in PIECES and not _is_float(node.outputs[0]):
             continue
         found.add(node)
         if node.op_type in ("MatMul", "Einsum", "Conv") and len(node.inputs) > 1 and _is_weight(node.inputs[1]):
@@ -169,7 +203,42 @@ def find_regions(graph: ir.Graph, facts: GraphFacts) -> list[Region]:
         if region.main_output not in region.outputs:
             region.outputs.append(region.main_output)
         regions.append(region)
-    return regions
+    return _joined_heads(regions, order)
+
+
+def _joined_heads(regions: list[Region], order: dict[ir.Node, int]) -> list[Region]:
+    """Attention written head by head (single-head attention): the regions whose outputs are joined by one
+    Concat (each maybe through an Unsqueeze) become one region with it, so the rules see the heads joined."""
+    by_output = {r.main_output: r for r in regions}
+    merged: dict[int, Region] = {}
+    gone: set[int] = set()
+    for node in list(order):
+        if node.op_type != "Concat" or len(node.inputs) < 2:
+            continue
+        parts, extra = [], [node]
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.op_type == "Unsqueeze" and single_consumer(value) is node:
+                extra.append(producer)
+                value = producer.inputs[0]
+            region = by_output.get(value)
+            if region is None or region.index in gone or single_consumer(value) not in (node, extra[-1]):
+                break
+            parts.append(region)
+        else:
+            first = parts[0]
+            nodes = {n for r in parts for n in r.nodes} | set(extra)
+            joined = Region(index=first.index, softmax=first.softmax, nodes=sorted(nodes, key=order.__getitem__))
+            joined.outputs = _escaping_values(joined.nodes)
+            joined.main_output = node.outputs[0]
+            if joined.main_output not in joined.outputs:
+                joined.outputs.append(joined.main_output)
+            gone.update(r.index for r in parts)
+            merged[first.index] = joined
+    kept = [merged.get(r.index, r) for r in regions if r.index not in gone or r.index in merged]
+    for i, region in enumerate(kept):
+        region.index = i
+    return kept
 
 
 def _escaping_values(nodes: list[ir.Node]) -> list[ir.Value]:

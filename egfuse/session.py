@@ -74,7 +74,18 @@ class Session:
         self.egraph = egglog.EGraph()
         self._raw: bindings.EGraph = self.egraph._egraph
         functions = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
-        for fact in ("scalar_of", "rank_of", "dtype_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite"):
+        for fact in (
+            "scalar_of",
+            "rank_of",
+            "dtype_of",
+            "dim_of",
+            "perm_then",
+            "swap_last2",
+            "is_weight",
+            "finite",
+            "head_invariant",
+            "heads_of",
+        ):
             functions[fact] = getattr(lang, fact)
         self.names: dict[str, str] = egg_names(self.egraph, functions)
         self.names["ref"] = "egfuse_ref"
@@ -136,6 +147,8 @@ class Session:
             "rank_of": {},
             "is_weight": {},
             "finite": {},
+            "heads_of": {},
+            "head_invariant": {},
         }
 
         classes_by_value: dict[bindings.Value, EClass] = {}

@@ -105,6 +105,17 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         second = Dim.parse(a[1])
         first = kids[0][0].div(second) if kids[0] and kids[0][0] is not None else None
         return (first, second, *kids[0][1:])
+    if op == "concat":
+        x, y, axis = kids[0], kids[1], int(a[2])
+        if len(x) != len(y) or not -len(x) <= axis < 0:
+            return None
+        total = None if x[axis] is None or y[axis] is None else x[axis].plus(y[axis])
+        return tuple(total if i == len(x) + axis else d for i, d in enumerate(x))
+    if op == "part":
+        x, axis = kids[0], int(a[1])
+        if not -len(x) <= axis < 0:
+            return None
+        return tuple(Dim(int(a[3])) if i == len(x) + axis else d for i, d in enumerate(x))
     if op == "repeat_heads":
         return (kids[0][0], _mul(kids[0][1], Dim.parse(a[1])), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):

@@ -52,6 +52,10 @@ HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
 as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
 channel axis of 1×1-convolution projections on (B, C, S), K arriving as (B, N, H, T) (SqueezeBERT); or no
 heads axis at all, (B, S, H) (single-head attention)."""
+CACHE_READS = ("joined", "split_score")
+"""How attention reads a KV cache: over ``Concat(past, new)`` (exporters), or in the split-score form NPU
+toolchains write — scores against the cache and against the new keys by two MatMuls, concatenated, one Softmax,
+the probabilities sliced at the cache's length, two MatMuls against the cache's and the new values, added."""
 QUERY_BIASES = ("none", "rel_pos_uv", "relative", "gated")
 """Additive terms computed from Q: Conformer's unshifted ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (``rel_pos_uv``: u, v per
 head, R the projected relative positions), Transformer-XL/XLNet/Funnel relative attention ``(Q + u)·Kᵀ +
@@ -76,6 +80,7 @@ class Variant:
     cross: bool = False  # K/V from a second input ("memory") with its own length
     dtype: str = "float32"  # float16: the model in half precision, Softmax in float32 between two Casts
     past: bool = False  # KV cache: K/V = Concat(past, new) on the sequence axis, returned as present outputs
+    cache_read: str = "joined"  # see CACHE_READS
     rope: bool = False  # rotary embedding (rotate-half) on Q and K
     rope_tables: str = "inputs"  # see ROPE_TABLES
     rope_partial: bool = False  # rotate only the first half of each head's features (Phi, GPT-NeoX)
@@ -128,10 +133,22 @@ class Variant:
             raise ValueError(f"query_bias must be one of {QUERY_BIASES}")
         if self.query_bias != "none" and (self.heads_layout != "split" or self.softcap != "none"):
             raise ValueError("query-dependent biases are built on split heads, added outside any soft-cap")
+        if self.cache_read not in CACHE_READS:
+            raise ValueError(f"cache_read must be one of {CACHE_READS}")
+        if self.split_score and (
+            self.k_layout != "transpose_0132" or self.heads_layout != "split" or self.einsum or self.matmul != "plain"
+            or self.query_bias != "none" or self.scale in ("k_div", "split_sqrt")
+            or self.causal in ("buffer_where", "buffer_local")
+        ):  # fmt: skip
+            raise ValueError("split scores read a cache of (B, N, T, H) keys by plain MatMuls, scaled after Q·Kᵀ")
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
         return Variant(**_compatible({**asdict(self), **changes}))
+
+    @property
+    def split_score(self) -> bool:
+        return self.past and self.cache_read == "split_score"
 
     @property
     def hidden(self) -> int:
@@ -200,7 +217,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     def split(y: str, n: int) -> str:  # (B, S, n·H) → (B, S, n, H)
         return b.op("Reshape", [y, b.const(np.array([0, 0, n, hd], np.int64), "shape")])
 
-    def repeat_kv(t: str) -> str:  # (B, kv, T, H) → (B, N, T, H), as transformers' repeat_kv exports
+    def repeat_kv(t: str, length: int | str | None = None) -> str:  # (B, kv, T, H) → (B, N, T, H), as transformers'
+        # repeat_kv exports
         if kv == heads:
             return t
         wide = b.op("Unsqueeze", [t, b.const(np.array([2], np.int64), "axes")])
@@ -210,7 +228,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             tail = b.op("Slice", [shape, b.const(np.array([2], np.int64)), b.const(np.array([4], np.int64))])
             target = b.op("Concat", [lead, b.const(np.array([heads // kv], np.int64)), tail], axis=0)
         else:
-            target = b.const(np.array([2, kv, heads // kv, kv_len, hd], np.int64), "shape")
+            target = b.const(np.array([2, kv, heads // kv, length or kv_len, hd], np.int64), "shape")
         return b.op("Reshape", [b.op("Expand", [wide, target]), b.const(np.array([0, heads, -1, hd], np.int64))])
 
     def mul_scalar(x: str, value: float, op: str = "Mul") -> str:
@@ -265,7 +283,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         if bsnh_einsum:
             q = q_bsnh
         else:
-            v_ = repeat_kv(cached(b.op("Transpose", [v_bsnh], perm=[0, 2, 1, 3]), "value"))
+            v_new = b.op("Transpose", [v_bsnh], perm=[0, 2, 1, 3])
+            v_ = repeat_kv(cached(v_new, "value"))
+            if v.split_score:
+                v_ = (repeat_kv("past_value", past_len), repeat_kv(v_new, seq))
 
     q_plain = q  # the query before its content bias u: the position term and the gate read it
     if v.query_bias == "relative":  # (Q + u)·Kᵀ: u per head, broadcast over batch and positions
@@ -285,12 +306,16 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             kt = _fold(b, kt)
     else:
         k = rotated(b.op("Transpose", [rotated(k_bsnh, "bsnh")], perm=[0, 2, 1, 3]), "bnsh")
-        k = repeat_kv(cached(k, "key"))
+        k_new, k = k, repeat_kv(cached(k, "key"))
+        if v.split_score:  # the cache's keys and the new ones apart (the Concat only returns the present)
+            k = (repeat_kv("past_key", past_len), repeat_kv(k_new, seq))
         if folded:  # bmm: (B, N, T, H) → (B·N, T, H), transposed in 3D
             k = _fold(b, k)
             kt = k if v.einsum else b.op("Transpose", [k], perm=[0, 2, 1])
         elif v.einsum:
             pass
+        elif v.split_score:
+            kt = tuple(b.op("Transpose", [part], perm=[0, 1, 3, 2]) for part in k)
         elif v.k_layout == "transpose_0132":
             kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
         else:  # dynamo: fold (B, N) into one dim, transpose the last two, unfold
@@ -311,6 +336,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     q_in = _fold(b, q) if folded else q
     if v.query_bias == "rel_pos_uv":  # split heads' MatMul scores only (see _compatible)
         s = _query_biased_scores(b, v, q, kt, inputs, seq, kv_seq, np_type)
+    elif v.split_score:
+        s = b.op("Concat", [_matmul(b, v, q_in, part) for part in kt], axis=-1)
     elif not v.einsum:
         s = _matmul(b, v, q_in, kt)
     else:
@@ -425,7 +452,17 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         o = b.op("Transpose", [o], perm=[0, 2, 1])
     else:
         v_in = _fold(b, v_) if folded else v_
-        o = b.op("Einsum", [p, v_in], equation=_EINSUM_CONTEXT[layout]) if v.einsum else _matmul(b, v, p, v_in)
+        if v.split_score:  # the probabilities cut at the cache's length, each piece times its values
+            length = b.op("Slice", [b.op("Shape", ["past_key"]), b.const(np.array([2], np.int64)),
+                                    b.const(np.array([3], np.int64))])  # fmt: skip
+            last = b.const(np.array([-1], np.int64), "axis")
+            pieces = (b.op("Slice", [p, b.const(np.array([0], np.int64)), length, last]),
+                      b.op("Slice", [p, length, b.const(np.array([2**63 - 1], np.int64)), last]))  # fmt: skip
+            o = b.comm("Add", *(b.op("MatMul", [piece, part]) for piece, part in zip(pieces, v_in, strict=True)))
+        elif v.einsum:
+            o = b.op("Einsum", [p, v_in], equation=_EINSUM_CONTEXT[layout])
+        else:
+            o = _matmul(b, v, p, v_in)
         if folded:
             o = _unfold(b, o, q)
         o = b.op("Transpose", [o], perm=[0, 2, 1, 3])
@@ -824,6 +861,12 @@ def _compatible(choices: dict) -> dict:
         c["qdq"] = "none"
     if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":
         c["matmul"] = "plain"  # the decomposition is of split heads' 4D MatMuls
+    if c.get("cache_read", "joined") == "split_score" and c["past"]:  # (B, N, T, H) keys, plain MatMuls
+        c["k_layout"], c["heads_layout"], c["einsum"], c["matmul"] = "transpose_0132", "split", False, "plain"
+        c["query_bias"] = "none"
+        c["scale"] = "qk_div" if c["scale"] in ("k_div", "split_sqrt") else c["scale"]
+        c["causal"] = "trilu" if c["causal"] in ("buffer_where", "buffer_local") else c["causal"]
+        c["baddbmm"] = False
     if c["causal"] in ("buffer_where", "buffer_local") and c["matmul"] == "batched_3d" and c["heads"] == 1:
         # Known gap (session 8 note): one head of static size, the causal buffer over batched 3D MatMuls and the
         # probabilities CastLike'd to themselves: "probabilities @ V not recognised".
@@ -851,6 +894,7 @@ def variants():  # pragma: no cover - exercised by the property tests
             "cross": st.booleans(),
             "dtype": st.sampled_from(DTYPES),
             "past": st.booleans(),
+            "cache_read": st.sampled_from(CACHE_READS),
             "rope": st.booleans(),
             "rope_tables": st.sampled_from(ROPE_TABLES),
             "rope_partial": st.booleans(),
@@ -875,6 +919,7 @@ def variants():  # pragma: no cover - exercised by the property tests
 
 
 __all__ = [
+    "CACHE_READS",
     "CAUSAL",
     "CONCATS",
     "DROPOUTS",

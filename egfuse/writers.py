@@ -120,9 +120,9 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     k_group, v_group = heads // k_heads, heads // v_heads
     dtype = e.float_dtype(query)
     scale_value = e.const(np.array(float(scale), dtype), "scale")
-    if len(kv) == 2:  # the cache's length and the total, where the probabilities split
-        lengths = [e.node("Shape", [ks[0]], {"start": 1, "end": 2}) for ks, _ in kv]
-        past_end, total, last = lengths[0], e.node("Add", lengths), e.const(np.array([-1], np.int64), "axis")
+    if len(kv) == 2:  # the cache's length, where the probabilities split
+        past_end = e.node("Shape", [kv[0][0][0]], {"start": 1, "end": 2})
+        to_end, last = e.const(np.array([2**63 - 1], np.int64), "to_end"), e.const(np.array([-1], np.int64), "axis")
     outputs = []
     for i in range(heads):
         j, jv = i // k_group, i // v_group
@@ -142,7 +142,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
             outputs.append(e.node("MatMul", [probs, kv[0][1][jv]]))
             continue
         past = e.node("Slice", [probs, e.const(np.array([0], np.int64), "at"), past_end, last])
-        new = e.node("Slice", [probs, past_end, total, last])
+        new = e.node("Slice", [probs, past_end, to_end, last])
         outputs.append(e.node("Add", [e.node("MatMul", [past, kv[0][1][jv]]), e.node("MatMul", [new, kv[1][1][jv]])]))
     if three_d_q:
         return e.node("Concat", outputs, {"axis": -1}, like=query)

@@ -11,6 +11,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
+* ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
@@ -18,7 +19,21 @@ from __future__ import annotations
 
 import functools
 
-from egfuse.rules import attention, clamp, commute, facts, heads, layout, masks, ort, precision, qbias, scale, softcap
+from egfuse.rules import (
+    attention,
+    clamp,
+    commute,
+    facts,
+    heads,
+    layout,
+    masks,
+    ort,
+    pieces,
+    precision,
+    qbias,
+    scale,
+    softcap,
+)
 from egglog import Ruleset
 
 CORE: Ruleset = (
@@ -34,6 +49,7 @@ CORE: Ruleset = (
     | heads.weights
     | clamp.rules
     | qbias.rules
+    | pieces.rules
 )
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
@@ -52,6 +68,6 @@ def ruleset_for(families: tuple[str, ...]) -> Ruleset:
 
 
 __all__ = [
-    "CORE", "FAMILIES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "precision",
-    "qbias", "ruleset_for", "scale", "softcap",
+    "CORE", "FAMILIES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "pieces",
+    "precision", "qbias", "ruleset_for", "scale", "softcap",
 ]  # fmt: skip

@@ -3,9 +3,9 @@ that made the original term match, so rules can chain."""
 
 from __future__ import annotations
 
-from egglog import String, f64, i64, rule, ruleset, set_
+from egglog import String, eq, f64, i64, rule, ruleset, set_
 
-from egfuse.lang import Tensor, finite, is_weight, rank_of, scalar_of
+from egfuse.lang import Tensor, finite, head_invariant, is_weight, rank_of, scalar_of
 
 
 @ruleset
@@ -41,3 +41,15 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.mul(a, b), finite(a), finite(b)).then(finite(Tensor.mul(a, b)))
     yield rule(Tensor.sub(a, b), finite(a), finite(b)).then(finite(Tensor.sub(a, b)))
     yield rule(Tensor.cast(a, r), finite(a)).then(finite(Tensor.cast(a, r)))
+    # The same for every head: masks made of head-invariant parts, scalars, a unit heads axis put in.
+    yield rule(Tensor.no_bias()).then(head_invariant(Tensor.no_bias()))
+    yield rule(Tensor.full_like(a, x)).then(head_invariant(Tensor.full_like(a, x)))
+    yield rule(Tensor.where(c, a, b), head_invariant(c), head_invariant(a), head_invariant(b)).then(
+        head_invariant(Tensor.where(c, a, b))
+    )
+    for binary in (Tensor.add, Tensor.sub, Tensor.mul, Tensor.div):
+        yield rule(binary(a, b), head_invariant(a), head_invariant(b)).then(head_invariant(binary(a, b)))
+    yield rule(Tensor.cast(a, r), head_invariant(a)).then(head_invariant(Tensor.cast(a, r)))
+    yield rule(Tensor.split_lead(a, String("1")), eq(rank_of(a)).to(i64(3))).then(
+        head_invariant(Tensor.split_lead(a, String("1")))
+    )

@@ -19,11 +19,11 @@ SPEC = TargetSpec(
     name="npu",
     description="single-head attention (SHA) of plain rank-3 ops, for NPU toolchains; runs anywhere",
     ops=(
-        FusedOp("mha", SHA, "single_head"),
-        FusedOp("gqa", SHA, "single_head"),
-        FusedOp("mha_kv4", SHA, "single_head", efficiency=0.8),  # K/V split on their head axis (rank 4)
-        FusedOp("attend", SHA, "single_head", efficiency=0.7),  # Q too, and the heads unsqueezed back
-        FusedOp("attend_z", SHA, "single_head", efficiency=0.7),
+        FusedOp("mha", SHA, "single_head", broadcasts_batch=True),  # rank-3 MatMuls broadcast a batch of 1
+        FusedOp("gqa", SHA, "single_head", broadcasts_batch=True),
+        FusedOp("mha_kv4", SHA, "single_head", efficiency=0.8, broadcasts_batch=True),  # K/V split on their head axis
+        FusedOp("attend", SHA, "single_head", efficiency=0.7, broadcasts_batch=True),  # Q too, heads unsqueezed
+        FusedOp("attend_z", SHA, "single_head", efficiency=0.7, broadcasts_batch=True),
     ),
     costs=CostParams(  # a compiled graph: little per node, much per layout change and per rank-4 op
         gflops=2000.0,

@@ -49,6 +49,9 @@ class FusedOp:
     """Fixed time per call on top of the work (launch, layout copies inside the kernel), microseconds."""
     mask_note: str = ""
     """What the report says when this op was written with a mask (how the kernel reads one differently)."""
+    broadcasts_batch: bool = False
+    """Takes K/V with a batch of 1 for a query with more (a relative-position table read as keys). Fused
+    kernels check the batches are equal; per-head MatMuls broadcast."""
 
     @property
     def label(self) -> str:
