@@ -516,6 +516,9 @@ def _fuse_once(
             if model.opset_imports.get(domain, 0) < version:
                 model.opset_imports[domain] = version
         ir_passes.RemoveUnusedNodesPass()(model)
+        # What each region wrote alike (a mask squeezed or made additive from the same input, constants) is
+        # computed once for all layers.
+        ir_passes.CommonSubexpressionEliminationPass()(model)
         ir_passes.TopologicalSortPass()(model)
     out = ir.serde.serialize_model(model)
     report.nodes_after = len(out.graph.node)

@@ -18,9 +18,9 @@
 
 from __future__ import annotations
 
-from egglog import f64, rewrite, rule, ruleset, union
+from egglog import f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, finite, scalar_of
+from egfuse.lang import Tensor, dtype_of, finite, scalar_of
 
 NEG_INF = float("-inf")
 MASK_FILL_MAX = -1e4
@@ -46,6 +46,7 @@ def rules(
     f: f64,
     g: f64,
     g2: f64,
+    r: i64,
 ):
     # The additive mask holds its own copy of the fill (``full_like``), which a target may respell as the
     # number its kernel reads the same way (see ``Target.mask_fill``).
@@ -133,6 +134,15 @@ def rules(
             )
         )
     )
+    # A select of two fills is arithmetic on its condition: Where(m, 0, f) = (1 − float(m))·f and
+    # Where(m, f, 0) = float(m)·f, for a finite fill (0·−inf is NaN). NPUs run the product (Equal → Cast → Mul in
+    # their toolchains' words) where a Select is slow; which form is written is the cost model's choice.
+    one = Tensor.full_like(c, 1.0)
+    for select, product in (
+        (Tensor.where(m, zero, masked), Tensor.mul(Tensor.sub(one, Tensor.cast(m, r)), masked)),
+        (Tensor.where(m, masked, zero), Tensor.mul(Tensor.cast(m, r), masked)),
+    ):
+        yield rule(select, dtype_of(c) == r, f >= f64(-1.7e308)).then(union(select).with_(product))
     # The NaN guard after softmax.
     yield rule(Tensor.where(Tensor.isnan(p), z, p), scalar_of(z) == f64(0.0)).then(
         union(Tensor.where(Tensor.isnan(p), z, p)).with_(Tensor.nan_to_zero(p, z))

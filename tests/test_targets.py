@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -16,7 +17,7 @@ from egfuse import cli
 from egfuse.targets import TARGETS, get_target
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs, op_counts
+from .conftest import DATA, assert_same_outputs, op_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +101,29 @@ def test_npu_writes_single_head_attention(variant: Variant):
             n for n in result.model.graph.node if n.op_type == "Concat" and n.output[0].startswith("present")
         ]
         assert concat_of_cache  # the Concat stays for the present outputs only
+    assert_same_outputs(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("mask", ["where_finfo", "where_reversed"])
+def test_npu_writes_a_select_mask_as_arithmetic_on_its_condition(mask: str):
+    """NPUs run Equal → Cast → Mul where a Select is slow: a finite-fill select mask becomes ``(1 − m)·fill``
+    (or ``m·fill``), no Where, the same numbers."""
+    model = attention_model(Variant(heads=2, mask=mask, k_layout="transpose_0132"))
+    feeds = feeds_for(model, left_padding=True)
+    result = egfuse.fuse(model, target="npu", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    counts = op_counts(result.model)
+    assert "Where" not in counts and counts.get("Cast") == 1, counts
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_npu_shares_the_mask_between_layers():
+    """Two layers read one padding mask: it is squeezed to rank 3 once for both, not once a layer."""
+    model = onnx.load(DATA / "bert_eager.torchscript.onnx")
+    feeds = dict(np.load(DATA / "bert_eager.torchscript.feeds.npz"))
+    result = egfuse.fuse(model, target="npu", feeds=feeds)
+    assert result.report.fused == 2 and result.report.validated is True, str(result.report)
+    assert op_counts(result.model).get("Squeeze") == 1, op_counts(result.model)
     assert_same_outputs(model, result.model, feeds)
 
 
