@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from egfuse.dims import Dim
+from egfuse.enodes import view
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
 from egfuse.targets.spec import FusedOp, TargetSpec
@@ -101,10 +102,10 @@ class CostModel:
 
     # --- fused ops -----------------------------------------------------------------------------------------
     def _fused_cost(self, node: ENode, op: FusedOp) -> float | None:
-        packed = node.op == "packed_attention"
-        if op.positive_scale and float(node.args[8 if packed else 4]) <= 0:
+        packed, a = node.op == "packed_attention", view(node)
+        if op.positive_scale and float(a.scale) <= 0:
             return None
-        if not op.softcap and not packed and float(node.args[5]) != 0.0:
+        if not op.softcap and not packed and float(a.cap) != 0.0:
             return None
         if not op.broadcasts_batch and self._batch_broadcast(node, packed):
             return None
@@ -118,7 +119,8 @@ class CostModel:
         """K or V of batch 1 where the query's batch may be more: broadcasting a fused kernel refuses."""
         if packed:
             return False
-        q, k, v = (self._shapes.get(c) for c in node.args[:3])
+        a = view(node)
+        q, k, v = (self._shapes.get(c) for c in (a.q, a.k, a.v))
         if not q or q[0] == Dim(1):
             return False
         return any(x is not None and len(x) == len(q) and x[0] == Dim(1) for x in (k, v)) or any(
@@ -129,24 +131,26 @@ class CostModel:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
         and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head."""
         if node.op == "packed_attention":
-            x, wq, wk, wv = (self.dims(c) for c in node.args[:4])
+            a = view(node)
+            x, wq, wk, wv = (self.dims(c) for c in (a.x, a.wq, a.wk, a.wv))
             if None in (x, wq, wk, wv) or len(x) < 2:
                 return None
             d, width, rows, seq = x[-1], wq[-1] + wk[-1] + wv[-1], math.prod(x[:-1]), x[-2]
             flops = 2.0 * rows * d * width + 2.0 * rows * seq * (wq[-1] + wv[-1])
             moved = math.prod(x) + d * width + rows * wv[-1]
             return Work(flops, moved * ELEMENT_BYTES)
-        q, k, v = (self.dims(c) for c in node.args[:3])
-        bias = self.dims(node.args[3])
+        a = view(node)
+        q, k, v = (self.dims(c) for c in (a.q, a.k, a.v))
+        bias = self.dims(a.bias)
         if None in (q, k, v):
             return None
-        heads = int(node.args[6]) if node.op in ("mha", "gqa", "mha_kv4") else (q[1] if len(q) == 4 else 1)
+        heads = int(a.heads) if node.op in ("mha", "gqa", "mha_kv4") else (q[1] if len(q) == 4 else 1)
         if len(q) == 4:
             batch, s, h = q[0], q[2], q[3]
         else:
             batch, s, h = math.prod(q[:-2]) if len(q) > 2 else 1, q[-2], q[-1] // max(heads, 1)
         t = k[-2]
-        hv = v[-1] if len(v) == 4 else v[-1] // max(int(node.args[7]) if node.op == "gqa" else heads, 1)
+        hv = v[-1] if len(v) == 4 else v[-1] // max(int(a.kv_heads) if node.op == "gqa" else heads, 1)
         flops = 2.0 * batch * heads * s * t * (h + hv)
         moved = math.prod(q) + math.prod(k) + math.prod(v) + batch * heads * s * hv
         if bias is not None:  # broadcast to the scores at most
@@ -160,7 +164,7 @@ class CostModel:
     # --- primitive ops -------------------------------------------------------------------------------------
     def _kind(self, node: ENode) -> str:
         if node.op == "transpose":
-            return f"transpose{len(node.args[1].split(','))}"
+            return f"transpose{len(view(node).perm.split(','))}"
         return node.op
 
     def _rank4(self, node: ENode) -> bool:
@@ -181,14 +185,14 @@ class CostModel:
             return Work(2.0 * out * a[-1], (sizes[0] + sizes[1] + out) * ELEMENT_BYTES)
         if op in ("concat", "part", "cols_before", "cols_from"):  # copies: what they write, read once
             out = sum(sizes) if op == "concat" else sizes[0] / 2
-            if op == "part" and -len(ins[0]) <= int(node.args[1]) < 0:
-                out = sizes[0] * int(node.args[3]) / max(ins[0][int(node.args[1])], 1)
+            if op == "part" and -len(ins[0]) <= int(view(node).axis) < 0:
+                out = sizes[0] * int(view(node).size) / max(ins[0][int(view(node).axis)], 1)
             return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
                   "nan_to_zero", "transpose", "repeat_heads"):  # fmt: skip
             out = max(sizes) if sizes else 1
             if op == "repeat_heads":
-                out *= int(node.args[1])
+                out *= int(view(node).times)
             return Work(_FLOPS_PER_ELEMENT.get(op, 1.0) * out, (sum(sizes) + out) * ELEMENT_BYTES, _NODES.get(op, 1))
         return None  # canonical forms (scores, probs, softcap) are never written
 

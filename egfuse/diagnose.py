@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from egfuse.cost import CostModel
+from egfuse.enodes import view
 from egfuse.extract import extract
 from egfuse.facts import GraphFacts
 from egfuse.regions import VOCABULARY, Region, reads_type_only
@@ -135,7 +136,7 @@ def why_not(
             value, members, ops
         )
     cid = class_of.get(pv.outputs[0])
-    capped = any(n.op in ("attend", "attend_z") and float(n.args[5]) != 0.0 for n in classes.get(cid, []))
+    capped = any(n.op in ("attend", "attend_z") and float(view(n).cap) != 0.0 for n in classes.get(cid, []))
     what = "soft-capped attention" if capped else "attention"
     return f"{what} recognised, but target {target!r} can run none of its forms ({', '.join(sorted(runnable))})"
 

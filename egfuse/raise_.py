@@ -11,6 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from egfuse.dims import Dim
+from egfuse.enodes import value_index, view
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
 from egfuse.kv_cache import SEQUENCE_AXIS, CacheConcat, depends_on, find_cache
@@ -172,17 +173,17 @@ class Emitter(NodeBuilder):
     def constant_array(self, cid: EClass) -> np.ndarray:
         node = self.choice[cid].node
         if node.op == "zero_bias":
-            weight = self.constant_array(node.args[0])
+            weight = self.constant_array(view(node).weight)
             return np.zeros(weight.shape[-1], weight.dtype)
         if node.op == "merge_heads":  # (…, N, H) → (…, N·H) of a constant
-            weight = self.constant_array(node.args[0])
+            weight = self.constant_array(view(node).a)
             return weight.reshape(*weight.shape[:-2], -1)
         if node.op == "merge_lead":  # (A, second, …) → (A·second, …) of a constant
-            weight = self.constant_array(node.args[0])
+            weight = self.constant_array(view(node).a)
             return weight.reshape(-1, *weight.shape[2:])
         if node.op == "transpose":  # a 1×1 convolution's weight read as a matrix
-            weight = self.constant_array(node.args[0])
-            return weight.transpose([int(p) for p in node.args[1].split(",")])
+            weight = self.constant_array(view(node).a)
+            return weight.transpose([int(p) for p in view(node).perm.split(",")])
         value = self.value(cid)
         array = self.facts.weight(value)
         if array is None:
@@ -191,8 +192,8 @@ class Emitter(NodeBuilder):
 
     def leaf_value(self, cid: EClass) -> ir.Value | None:
         for node in self.classes.get(cid, []):
-            if node.op in ("value", "ref"):
-                return self.lowered.values[node.args[0]]
+            if value_index(node) is not None:
+                return self.lowered.values[value_index(node)]
         return None
 
     def rank(self, cid: EClass, emitted: ir.Value) -> int:
@@ -219,11 +220,11 @@ class Emitter(NodeBuilder):
         if node.op in ("attend", "attend_z"):
             return 4
         if node.op == "transpose":
-            return len(node.args[1].split(","))
+            return len(view(node).perm.split(","))
         if node.op in ("add", "sub", "mul", "div", "where", "maximum"):  # broadcasting: the widest operand's
             ranks = [self._derived_rank(c, depth + 1) for c in node.children]
             return None if None in ranks else max(ranks)
-        child = self._derived_rank(node.args[0], depth + 1) if node.children else None
+        child = self._derived_rank(node.children[0], depth + 1) if node.children else None
         if child is None:
             return None
         return child + {"split_heads": 1, "split_lead": 1, "merge_heads": -1, "merge_lead": -1}.get(node.op, 0)
@@ -306,7 +307,7 @@ class Emitter(NodeBuilder):
     def _may_hold_lowest(self, cid: EClass) -> bool:
         node = self.choice[cid].node
         if node.op == "full_like":  # written exactly when summed (a lowest fill moved otherwise)
-            return cid in self.exact_fills and float(node.args[1]) in _LOWEST
+            return cid in self.exact_fills and float(view(node).fill) in _LOWEST
         if node.op == "no_bias":
             return False
         if node.op == "where":  # the condition is not a mask value
@@ -374,51 +375,56 @@ class Emitter(NodeBuilder):
         return self._fused_memo[cid]
 
     def _emit(self, n: ENode, cid: EClass | None = None) -> ir.Value:
-        op, a = n.op, n.args
+        op = n.op
+        if op == "ref":
+            raise ValueError("a reference to a graph value has no term to write")
+        a = view(n)
         if op == "value":
-            return self.lowered.values[a[0]]
+            return self.lowered.values[a.index]
         if op in _SIMPLE:
-            inputs = [self.value(c) for c in a]
+            inputs = [self.value(c) for c in n.args]
             return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
         if op == "full_like":
-            like = self.value(a[0])
+            like = self.value(a.like)
             dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            fill = float(a[1]) if cid in self.exact_fills else mask_fill(float(a[1]), dtype)
+            fill = float(a.fill) if cid in self.exact_fills else mask_fill(float(a.fill), dtype)
             return self.const(np.array(fill, dtype=dtype), "fill")
         if op == "zero_bias":
-            weight = self.constant_array(a[0])
+            weight = self.constant_array(a.weight)
             return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")
         if op == "cast":
-            return self.node("Cast", [self.value(a[0])], {"to": int(a[1])})
+            return self.node("Cast", [self.value(a.a)], {"to": int(a.to)})
         if op == "softmax":
-            return self.node("Softmax", [self.value(a[0])], {"axis": -1}, like=self.value(a[0]))
+            return self.node("Softmax", [self.value(a.a)], {"axis": -1}, like=self.value(a.a))
         if op == "transpose":
-            x = self.value(a[0])
-            return self.node("Transpose", [x], {"perm": [int(p) for p in a[1].split(",")]}, like=x)
+            x = self.value(a.a)
+            return self.node("Transpose", [x], {"perm": [int(p) for p in a.perm.split(",")]}, like=x)
         if op == "concat":
-            x, y = self.value(a[0]), self.value(a[1])
-            return self.node("Concat", [x, y], {"axis": int(a[2])}, like=x)
+            x, y = self.value(a.a), self.value(a.b)
+            return self.node("Concat", [x, y], {"axis": int(a.axis)}, like=x)
         if op == "part":
-            x = self.value(a[0])
-            start, size = int(a[2]), int(a[3])
+            x = self.value(a.a)
+            start, size = int(a.start), int(a.size)
             bounds = [self.const(np.array([v], np.int64), hint) for v, hint in ((start, "at"), (start + size, "to"))]
-            return self.node("Slice", [x, *bounds, self.const(np.array([int(a[1])], np.int64), "axis")], like=x)
+            return self.node("Slice", [x, *bounds, self.const(np.array([int(a.axis)], np.int64), "axis")], like=x)
         if op in ("cols_before", "cols_from"):
-            x, cut = self.value(a[0]), self.lowered.cuts[a[1]]
+            x, cut = self.value(a.a), self.lowered.cuts[a.n]
             ends = [self.const(np.array([0], np.int64), "at"), cut] if op == "cols_before" else [
                 cut, self.const(np.array([2**63 - 1], np.int64), "to_end")]  # fmt: skip
             return self.node("Slice", [x, *ends, self.const(np.array([-1], np.int64), "axis")], like=x)
         if op == "nan_to_zero":
-            x, zero = self.value(a[0]), self.value(a[1])
+            x, zero = self.value(a.a), self.value(a.zero)
             return self.node("Where", [self.node("IsNaN", [x]), zero, x], like=x)
         if op in ("split_heads", "merge_heads"):
-            x = self.value(a[0])
-            rank = self.rank(a[0], x)
-            spec = [0] * (rank - 1) + [int(a[1]), int(a[2])] if op == "split_heads" else [0] * (rank - 2) + [-1]
+            x = self.value(a.a)
+            rank = self.rank(a.a, x)
+            spec = (
+                [0] * (rank - 1) + [int(a.heads), int(a.head_dim)] if op == "split_heads" else [0] * (rank - 2) + [-1]
+            )
             return self.node("Reshape", [x, self.const(np.array(spec, np.int64), "shape")], like=x)
         if op == "repeat_heads":  # Unsqueeze(x, 2) → Expand(·, (B, N, r, T, H)) → Reshape(·, (B, N·r, T, H))
-            x = self.value(a[0])
-            times = self.const(np.array([int(a[1])], np.int64), "times")
+            x = self.value(a.a)
+            times = self.const(np.array([int(a.times)], np.int64), "times")
             axes = self.const(np.array([2], np.int64), "axes")
             wide = self.node("Unsqueeze", [x, axes], like=x)
             shape = self.node("Shape", [x])
@@ -436,9 +442,9 @@ class Emitter(NodeBuilder):
             target = self.node("Concat", [batch, self.const(np.array([-1], np.int64), "minus_one"), tail], {"axis": 0})
             return self.node("Reshape", [wide, target], like=x)
         if op in ("merge_lead", "split_lead"):
-            x = self.value(a[0])
+            x = self.value(a.a)
             shape = self.node("Shape", [x], {"start": 2 if op == "merge_lead" else 1})
-            head = [-1] if op == "merge_lead" else [-1, int(a[1])]
+            head = [-1] if op == "merge_lead" else [-1, int(a.second)]
             spec = self.node("Concat", [self.const(np.array(head, np.int64), "shape"), shape], {"axis": 0})
             return self.node("Reshape", [x, spec], like=x)
         fused = self.target.op_for(op)

@@ -53,6 +53,9 @@ class Report:
     notes: list[str] = field(default_factory=list)  # target-wide caveats worth knowing
     functions: dict[str, list[str]] = field(default_factory=dict)  # model-local functions "inlined" / "kept"
     unexamined: list[str] = field(default_factory=list)  # Softmax nodes no region covered: "where: node"
+    rules: dict[str, int] = field(default_factory=dict)
+    """Rule applications of the search that gave this result, by stable rule name (``masks.12``), most first. All
+    regions share one e-graph, so the counts are the model's, not a region's."""
 
     @property
     def fused(self) -> int:
@@ -138,6 +141,10 @@ class Report:
                 f"{self.stats.get('enodes_before')} → {self.stats.get('enodes_after')} e-nodes, "
                 f"{self.stats.get('iterations')} iterations ({self.stats.get('stop_reason')})"
             )
+        if self.rules:
+            top = ", ".join(f"{name} ×{count}" for name, count in list(self.rules.items())[:5])
+            families = sorted({name.split(".")[0] for name in self.rules})
+            lines.append(f"  rules applied: {len(self.rules)} ({', '.join(families)}); most: {top}")
         return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ registered, and read back through ``freeze()``. This module is the only one that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import egglog
 from egglog import bindings
@@ -47,6 +47,8 @@ class RunStats:
     enodes_after: int = 0
     stop_reason: str = ""
     matches: int = 0
+    rule_matches: dict[str, int] = field(default_factory=dict)
+    """Matches per rule, by the rule's stable name (``masks.12``; :func:`egfuse.rules.rule_names`)."""
 
 
 class EClass(int):
@@ -118,11 +120,16 @@ class Session:
         schedule = egglog.run(ruleset)
         self.egraph._add_decls(flat_declarations(ruleset))  # registers the rules once …
         command = self.egraph._state.run_schedule_to_egg(schedule.schedule)  # … then one iteration is one command
+        named = self._rule_names()
         for _ in range(max_iterations):
             (output,) = self._raw.run_program(command)
             report = output.report
             stats.iterations += 1
             stats.matches += sum(report.num_matches_per_rule.values())
+            for egg_name, count in report.num_matches_per_rule.items():
+                if count:
+                    name = named(egg_name)
+                    stats.rule_matches[name] = stats.rule_matches.get(name, 0) + count
             if not report.updated:
                 stats.stop_reason = "saturated"
                 break
@@ -136,6 +143,18 @@ class Session:
         stats.seconds = time.perf_counter() - start
         stats.enodes_after = self.size()
         return stats
+
+    def _rule_names(self):
+        """egglog's rule name ("38", "38=>") → the rule's stable name (its family and place in the family)."""
+        from egfuse.rules import rule_names  # the rules import the language, as this module does: no cycle
+
+        decls = self.egraph._state.rule_name_to_command_decl
+        stable = rule_names()
+
+        def named(egg_name: str) -> str:
+            return stable.get(decls.get(egg_name), f"unnamed.{egg_name}")
+
+        return named
 
     # --- reading back ----------------------------------------------------------------------------------------
     def freeze(self) -> tuple[dict[EClass, list[ENode]], dict[str, dict[EClass, object]]]:

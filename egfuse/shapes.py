@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 
 from egfuse.dims import Dim, _is_sum, _parse_poly
+from egfuse.enodes import value_index, view
 from egfuse.facts import GraphFacts
 from egfuse.lower import Lowered
 from egfuse.session import EClass, ENode
@@ -28,8 +29,8 @@ def class_shapes(classes: Mapping[EClass, list[ENode]], lowered: Lowered, facts:
     shapes: dict[EClass, Shape] = {}
     for cid, nodes in classes.items():
         for node in nodes:
-            if node.op in ("value", "ref"):
-                shape = _value_shape(lowered.values[node.args[0]], facts)
+            if value_index(node) is not None:
+                shape = _value_shape(lowered.values[value_index(node)], facts)
                 if shape is not None:
                     shapes[cid] = tuple(shape)
                     break
@@ -76,7 +77,9 @@ def _value_shape(value: object, facts: GraphFacts) -> Shape | None:
 
 
 def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
-    op, a = node.op, node.args
+    if value_index(node) is not None:
+        return None  # a graph value's shape is read from the graph (class_shapes), not derived
+    op, a = node.op, view(node)
     kids = [shapes.get(c) for c in node.children]
     if any(k is None for k in kids) and op not in ("zero_bias",):
         return None
@@ -87,7 +90,7 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
     if op == "zero_bias":
         return (kids[0][-1],) if kids[0] else None
     if op == "transpose":
-        perm = [int(p) for p in a[1].split(",")]
+        perm = [int(p) for p in a.perm.split(",")]
         return tuple(kids[0][p] for p in perm) if len(perm) == len(kids[0]) else None
     if op == "matmul":
         x, y = kids
@@ -96,28 +99,28 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         lead = _broadcast(x[:-2], y[:-2])
         return None if lead is None else (*lead, x[-2], y[-1])
     if op == "split_heads":
-        return (*kids[0][:-1], Dim.parse(a[1]), Dim.parse(a[2]))
+        return (*kids[0][:-1], Dim.parse(a.heads), Dim.parse(a.head_dim))
     if op == "merge_heads":
         return (*kids[0][:-2], _mul(kids[0][-2], kids[0][-1])) if len(kids[0]) >= 2 else None
     if op == "merge_lead":
         return (_mul(kids[0][0], kids[0][1]), *kids[0][2:]) if len(kids[0]) >= 2 else None
     if op == "split_lead":
-        second = Dim.parse(a[1])
+        second = Dim.parse(a.second)
         first = kids[0][0].div(second) if kids[0] and kids[0][0] is not None else None
         return (first, second, *kids[0][1:])
     if op == "concat":
-        x, y, axis = kids[0], kids[1], int(a[2])
+        x, y, axis = kids[0], kids[1], int(a.axis)
         if len(x) != len(y) or not -len(x) <= axis < 0:
             return None
         total = None if x[axis] is None or y[axis] is None else x[axis].plus(y[axis])
         return tuple(total if i == len(x) + axis else d for i, d in enumerate(x))
     if op == "part":
-        x, axis = kids[0], int(a[1])
+        x, axis = kids[0], int(a.axis)
         if not -len(x) <= axis < 0:
             return None
-        return tuple(Dim(int(a[3])) if i == len(x) + axis else d for i, d in enumerate(x))
+        return tuple(Dim(int(a.size)) if i == len(x) + axis else d for i, d in enumerate(x))
     if op == "repeat_heads":
-        return (kids[0][0], _mul(kids[0][1], Dim.parse(a[1])), *kids[0][2:]) if len(kids[0]) == 4 else None
+        return (kids[0][0], _mul(kids[0][1], Dim.parse(a.times)), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):
         q, k = kids[0], kids[1]
         return (*q[:-1], k[-2]) if len(q) >= 2 and len(k) >= 2 else None
@@ -127,12 +130,12 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
     if op == "mha":
         return (*kids[0][:-1], kids[2][-1])
     if op == "gqa":
-        n, nk = Dim.parse(a[6]), Dim.parse(a[7])
+        n, nk = Dim.parse(a.heads), Dim.parse(a.kv_heads)
         width = kids[2][-1]
         per_head = width.div(nk) if width is not None else None
         return (*kids[0][:-1], _mul(per_head, n))
     if op == "mha_kv4":
-        return (*kids[0][:-1], _mul(kids[2][-1], Dim.parse(a[6])))
+        return (*kids[0][:-1], _mul(kids[2][-1], Dim.parse(a.heads)))
     if op == "packed_attention":
         return (*kids[0][:-1], kids[3][-1])
     return None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
+from egfuse.enodes import view
 from egfuse.kv_cache import find_cache
 from egfuse.session import EClass, ENode
 from egfuse.targets.spec import FusedOp
@@ -27,7 +28,8 @@ THREE_D = frozenset({"mha", "gqa", "mha_kv4", "packed_attention"})
 def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     """``attend``/``attend_z`` (4D, grouped K/V heads native) or ``mha``/``gqa`` (3D) as one standard
     ``Attention``; a KV cache Concat on 4D K/V goes in as past_key/past_value."""
-    q, k, v, bias, scale, cap = node.args[:6]
+    a = view(node)
+    q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     three_d = node.op in ("mha", "gqa")
     seq_axis = 1 if three_d else 2
     inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d)
@@ -36,8 +38,8 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     if float(cap) != 0.0:
         attrs["softcap"] = float(cap)
     if three_d:
-        heads = int(node.args[6])
-        attrs.update(q_num_heads=heads, kv_num_heads=int(node.args[7]) if node.op == "gqa" else heads)
+        heads = int(a.heads)
+        attrs.update(q_num_heads=heads, kv_num_heads=int(a.kv_heads) if node.op == "gqa" else heads)
     if cache is not None:
         args = [*inputs, mask, cache.past_key, cache.past_value]
     else:
@@ -48,7 +50,8 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
 def multi_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     """``mha`` ((B, T, N·H) K/V) or ``mha_kv4`` ((B, N, T, H) K/V, which may come from a cache) as
     ``com.microsoft.MultiHeadAttention``."""
-    q, k, v, bias, scale, _cap, heads = node.args
+    a = view(node)
+    q, k, v, bias, scale, heads = a.q, a.k, a.v, a.bias, a.scale, a.heads
     kv4 = node.op == "mha_kv4"
     inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4)
     attrs = {"num_heads": int(heads), "scale": float(scale)}
@@ -62,7 +65,8 @@ def multi_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
 def packed_qkv(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     """``packed_attention`` as ``com.microsoft.Attention``: the three projections' weights and biases
     concatenated into the op's one weight and bias."""
-    x, wq, wk, wv, bq, bk, bv, bias, scale, heads = node.args
+    a = view(node)
+    x, wq, wk, wv, bq, bk, bv, bias, scale, heads = a.x, a.wq, a.wk, a.wv, a.bq, a.bk, a.bv, a.bias, a.scale, a.heads
     xv = e.value(x)
     weights = [e.constant_array(c) for c in (wq, wk, wv)]
     biases = [_flat_bias(e.constant_array(c)) for c in (bq, bk, bv)]
@@ -88,11 +92,12 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
       the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
       new values, added. The Concat stays only for the present outputs it returns."""
-    q, k, v, bias, scale, cap = node.args[:6]
+    a = view(node)
+    q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     guard = node.op == "attend_z"
     query = e.value(q)
     three_d_q = node.op in THREE_D
-    heads = int(node.args[6]) if three_d_q else e.static_dim(q, query, 1, "the query's head count")
+    heads = int(a.heads) if three_d_q else e.static_dim(q, query, 1, "the query's head count")
     q_heads = _per_head(e, query, heads, three_d=three_d_q, what="query", cid=q)
     three_d_kv = node.op in ("mha", "gqa")
     if not three_d_kv:  # K/V heads repeated for an op without grouped heads: each query head reads its group
@@ -100,7 +105,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     key, value = e.value(k), e.value(v)
     cache = None if three_d_kv or key in e.created or value in e.created else find_cache(key, value, e.facts)
     if three_d_kv:
-        k_heads = v_heads = int(node.args[7]) if node.op == "gqa" else heads
+        k_heads = v_heads = int(a.kv_heads) if node.op == "gqa" else heads
     else:  # K and V may be grouped differently (one repeated by a spelling the rules keep, one not)
         k_heads = e.static_dim(k, key, 1, "the keys' head count")
         v_heads = e.static_dim(v, value, 1, "the values' head count")
@@ -152,7 +157,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
 def _unrepeated(e: Emitter, cid: EClass) -> EClass:
     """The K or V heads before ``repeat_heads`` (MultiHeadAttention's form needs them repeated; SHA does not)."""
     node = e.choice[cid].node
-    return node.args[0] if node.op == "repeat_heads" else cid
+    return view(node).a if node.op == "repeat_heads" else cid
 
 
 def _per_head(

@@ -56,6 +56,25 @@ CORE: Ruleset = (
 FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
 """Rule families a target may ask for beyond the core (``TargetSpec.rule_families``): forms only its ops take."""
 
+NAMED: dict[str, Ruleset] = {
+    "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
+    "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
+    "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
+    "pieces": pieces.rules, "ort": ort.rules,
+}  # fmt: skip
+"""Every family by the name its rules carry."""
+
+
+@functools.cache
+def rule_names() -> dict[object, str]:
+    """Each rule's stable name, ``family.position`` (its place among the family file's rules, in order): what
+    the report counts rule applications by. Keys are egglog-python's rule declarations."""
+    names: dict[object, str] = {}
+    for family, ruleset in NAMED.items():
+        for position, decl in enumerate(ruleset.__egg_decls__._rulesets[ruleset.ident].rules):
+            names.setdefault(decl, f"{family}.{position}")
+    return names
+
 
 @functools.cache
 def ruleset_for(families: tuple[str, ...]) -> Ruleset:
@@ -68,6 +87,22 @@ def ruleset_for(families: tuple[str, ...]) -> Ruleset:
 
 
 __all__ = [
-    "CORE", "FAMILIES", "attention", "clamp", "commute", "facts", "heads", "layout", "masks", "ort", "pieces",
-    "precision", "qbias", "ruleset_for", "scale", "softcap",
+    "CORE",
+    "FAMILIES",
+    "NAMED",
+    "attention",
+    "clamp",
+    "commute",
+    "facts",
+    "heads",
+    "layout",
+    "masks",
+    "ort",
+    "pieces",
+    "precision",
+    "qbias",
+    "rule_names",
+    "ruleset_for",
+    "scale",
+    "softcap",
 ]  # fmt: skip
