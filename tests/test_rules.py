@@ -8,7 +8,22 @@ from __future__ import annotations
 import math
 
 import pytest
-from egfuse.rules import CORE, attention, commute, facts, heads, layout, masks, pieces, precision, scale, softcap
+from egfuse.rules import (
+    CORE,
+    attention,
+    clamp,
+    commute,
+    facts,
+    heads,
+    layout,
+    masks,
+    ort,
+    pieces,
+    precision,
+    qbias,
+    scale,
+    softcap,
+)  # fmt: skip
 from egglog import EggSmolError, EGraph, Ruleset, String, eq, f64, i64, set_
 
 from egfuse.lang import (
@@ -18,6 +33,7 @@ from egfuse.lang import (
     finite,
     head_invariant,
     heads_of,
+    is_weight,
     perm_table,
     perm_then,
     rank_of,
@@ -176,6 +192,56 @@ def test_repeated_kv_heads_are_grouped_attention():
     unequal = Tensor.attend(q, Tensor.repeat_heads(k, "4"), Tensor.repeat_heads(v, "2"), m, 0.125, NO_CAP)
     egraph = saturated(attention.rules | facts.rules, unequal)
     assert not proves(egraph, unequal, Tensor.attend(q, k, v, m, 0.125, NO_CAP))
+
+
+# --- clamp and qbias ------------------------------------------------------------------------------------------
+
+
+def test_a_clamp_at_a_very_negative_value_vanishes_under_the_softmax_and_a_mild_one_does_not():
+    scores = Tensor.scores(q, k, 0.125)
+    deep, mild = Tensor.softmax(Tensor.maximum(scores, c)), Tensor.softmax(Tensor.maximum(scores, y))
+    egraph = saturated(clamp.rules, deep, mild, set_(scalar_of(c)).to(f64(-3.4e38)), set_(scalar_of(y)).to(f64(-2.0)))
+    assert proves(egraph, deep, Tensor.softmax(scores))
+    assert not proves(egraph, mild, Tensor.softmax(scores))
+
+
+def test_a_mask_subtracted_from_summed_terms_leaves_the_scores_alone_in_the_sum():
+    scores = Tensor.scores(q, k, 0.125)
+    term = Tensor.sub(Tensor.add(scores, x), m)
+    egraph = saturated(qbias.rules, term)
+    assert proves(egraph, term, Tensor.add(scores, Tensor.sub(x, m)))
+
+
+# --- ort ------------------------------------------------------------------------------------------------------
+
+
+def test_three_projections_of_one_input_pack_into_one_attention_and_of_two_inputs_do_not():
+    w = [Tensor.value(10 + i) for i in range(6)]  # wq, wk, wv, bq, bk, bv
+    weights = [is_weight(t) for t in w] + [set_(rank_of(t)).to(i64(2)) for t in w[:3]]
+
+    def proj(inp: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        return Tensor.add(Tensor.matmul(inp, weight), bias)
+
+    one = Tensor.mha(proj(x, w[0], w[3]), proj(x, w[1], w[4]), proj(x, w[2], w[5]), m, 0.125, NO_CAP, "2")
+    two = Tensor.mha(proj(x, w[0], w[3]), proj(y, w[1], w[4]), proj(y, w[2], w[5]), m, 0.125, NO_CAP, "2")
+    egraph = saturated(ort.rules, one, two, *weights)
+    assert proves(egraph, one, Tensor.packed_attention(x, *w, m, 0.125, "2"))
+    assert not proves(egraph, two, Tensor.packed_attention(x, *w, m, 0.125, "2"))  # cross-attention
+
+
+# --- facts ----------------------------------------------------------------------------------------------------
+
+
+def test_facts_follow_the_terms_rules_build():
+    term = Tensor.mul(c, y)
+    mask = Tensor.where(m, Tensor.full_like(c, 0.0), Tensor.full_like(c, -1e9))
+    egraph = saturated(facts.rules, term, mask, set_(scalar_of(c)).to(f64(0.5)), set_(scalar_of(y)).to(f64(0.25)))
+    egraph.check(eq(scalar_of(term)).to(f64(0.125)))
+    egraph.check(finite(mask))
+    with pytest.raises(EggSmolError):
+        egraph.check(head_invariant(mask))  # the condition's heads are unknown
+    egraph = saturated(facts.rules, mask, head_invariant(m))
+    egraph.check(head_invariant(mask))
 
 
 # --- heads ----------------------------------------------------------------------------------------------------
