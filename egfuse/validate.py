@@ -121,6 +121,68 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
     return feeds
 
 
+def mask_feed_sets(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, entire_rows: bool = True
+) -> dict[str, dict[str, np.ndarray]]:
+    """Further feeds, the base ``feeds`` with only their masks changed, so what a fused region does with a mask
+    is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the
+    last row on the right), random masks (each row keeping at least one key), and — for a float mask, whose
+    convention a name does not tell — the same padding written additively (0 and finfo.min), which also masks
+    every key of some query rows under a causal mask; with ``entire_rows``, a batch row masked entirely. Empty
+    when the model takes no mask."""
+    masks = {name: value for name, value in feeds.items() if _is_mask_input(name, value)}
+    if not masks:
+        return {}
+    rng = np.random.default_rng(7)
+    sets: dict[str, dict[str, np.ndarray]] = {"heavy padding": {}, "random masks": {}}
+    additive: dict[str, np.ndarray] = {}
+    for name, value in masks.items():
+        heavy, random = _heavy_padding(value.shape), _random_mask(value.shape, rng)
+        sets["heavy padding"][name] = heavy.astype(value.dtype)
+        sets["random masks"][name] = random.astype(value.dtype)
+        if np.issubdtype(value.dtype, np.floating):
+            additive[name] = np.where(heavy > 0, 0.0, np.finfo(value.dtype).min).astype(value.dtype)
+    if additive:
+        sets["additive padding"] = additive
+    # The last row masked entirely (its every query then sees no key): the mean of V where the graph fills with
+    # finfo.min, NaN where with −inf — a kernel that answers 0 instead is caught in the first case, and in the
+    # second the original defines nothing (these feeds are compared where it does: ``where_defined``).
+    if entire_rows and all(value.ndim >= 2 and value.shape[0] > 1 for value in masks.values()):
+        emptied = {}
+        for name, value in masks.items():
+            empty = _heavy_padding(value.shape)
+            empty[-1] = 0
+            if np.issubdtype(value.dtype, np.floating) and name in additive:
+                emptied[name] = np.where(empty > 0, 0.0, np.finfo(value.dtype).min).astype(value.dtype)
+            else:
+                emptied[name] = empty.astype(value.dtype)
+        sets["a row masked entirely"] = emptied
+    return {label: {**feeds, **changed} for label, changed in sets.items()}
+
+
+def _is_mask_input(name: str, value: np.ndarray) -> bool:
+    return value.ndim >= 1 and value.shape[-1] > 1 and (value.dtype == np.bool_ or "mask" in name.lower())
+
+
+def _heavy_padding(shape: tuple[int, ...]) -> np.ndarray:
+    """1 = attend: row 0 padded on the left over half its keys, the last row on the right over half."""
+    mask = np.ones(shape)
+    half = max(1, shape[-1] // 2)
+    if len(shape) >= 2:
+        mask[0, ..., :half] = 0
+        if shape[0] > 1:
+            mask[shape[0] - 1, ..., shape[-1] - half :] = 0
+    else:
+        mask[shape[-1] - half :] = 0
+    return mask
+
+
+def _random_mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    mask = (rng.random(shape) < 0.6).astype(np.float64)
+    mask[..., 0] = 1  # every row keeps a key: a row with none means what each convention makes of it
+    return mask
+
+
 def input_dims(model: onnx.ModelProto) -> list[str]:
     """The symbolic dims of the graph inputs, in order of first use."""
     names: list[str] = []
@@ -307,10 +369,25 @@ def _upcast_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
 
 
-def compare(name: str, expected: np.ndarray, actual: np.ndarray, reference: np.ndarray | None = None) -> Comparison:
+def compare(
+    name: str,
+    expected: np.ndarray,
+    actual: np.ndarray,
+    reference: np.ndarray | None = None,
+    *,
+    where_defined: bool = False,
+) -> Comparison:
     """Float32 outputs must agree to ``ATOL + RTOL·|expected|``. Half-precision outputs with a float32
     ``reference`` must be no further from it than twice the original's own error plus ``HALF_ULPS`` ulps;
-    without one, ``HALF_TOLERANCE`` applies."""
+    without one, ``HALF_TOLERANCE`` applies. NaN must meet NaN — except, with ``where_defined``, where the
+    original itself gives NaN (a query row whose keys a −inf mask hides entirely: the mask-exercising feeds
+    make such rows, and the original defines nothing there)."""
+    if where_defined and np.issubdtype(expected.dtype, np.floating) and expected.shape == actual.shape:
+        undefined = np.isnan(expected)
+        if undefined.any():
+            actual = np.where(undefined, expected, actual)
+            if reference is not None and reference.shape == expected.shape:
+                reference = np.where(undefined, expected.astype(reference.dtype), reference)
     if expected.shape != actual.shape:
         return Comparison(name, float("inf"), False)
     if not np.issubdtype(expected.dtype, np.floating):
@@ -330,7 +407,8 @@ def compare(name: str, expected: np.ndarray, actual: np.ndarray, reference: np.n
 
 def _max_diff(expected: np.ndarray, actual: np.ndarray) -> tuple[float, np.ndarray]:
     e, a = expected.astype(np.float64), actual.astype(np.float64)
-    diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.abs(e - a))
+    with np.errstate(invalid="ignore"):
+        diff = np.where((np.isnan(e) & np.isnan(a)) | (e == a), 0.0, np.abs(e - a))  # the same inf is no diff
     diff = np.where(np.isnan(diff), np.inf, diff)
     return (float(diff.max()) if diff.size else 0.0), diff
 

@@ -9,4 +9,5 @@ python experiments/bench_speed.py
 python experiments/bench_latency.py
 python experiments/bench_rotary.py
 python experiments/bench_gqa.py
+python experiments/validation_mutations.py
 python experiments/render_results.py
