@@ -120,13 +120,13 @@ class Report:
         if loud:
             lines.append(f"  NOTE: {loud}")
         if self.regions:
-            lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<34} details")
+            lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<42} details")
         for r in self.regions:
             result = f"fused → {r.fused_into}" if r.status == "fused" else r.status
             details = ", ".join(f"{k}: {v}" for k, v in r.variants.items())
             if r.reason:
                 details = f"{r.reason}" + (f" [{details}]" if details else "")
-            lines.append(f"  {r.index:>3}  {_clip(r.softmax, 34):<34} {_clip(result, 34):<34} {details}")
+            lines.append(f"  {r.index:>3}  {_clip(r.softmax, 34):<34} {_clip(result, 42):<42} {details}")
             lines.extend(f"       note: {n}" for n in r.notes)
             priced = [c for c in r.candidates if c.get("cost_us") is not None]
             if r.status == "fused" and len(priced) > 1:

@@ -121,15 +121,16 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
     return feeds
 
 
-def mask_feed_sets(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, entire_rows: bool = True
-) -> dict[str, dict[str, np.ndarray]]:
+def mask_feed_sets(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     """Further feeds, the base ``feeds`` with only their masks changed, so what a fused region does with a mask
     is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the
     last row on the right), random masks (each row keeping at least one key), and — for a float mask, whose
     convention a name does not tell — the same padding written additively (0 and finfo.min), which also masks
-    every key of some query rows under a causal mask; with ``entire_rows``, a batch row masked entirely. Empty
-    when the model takes no mask."""
+    every key of some query rows under a causal mask. Empty when the model takes no mask.
+
+    A batch row whose keys are *all* padding is not drawn: there the graph's answer is decided by how its fill
+    absorbs the scores in floating point (the mean of V for finfo.min in float32, the softmax of rounded scores
+    in float16, something between for −1e30), which no kernel is bound to reproduce."""
     masks = {name: value for name, value in feeds.items() if _is_mask_input(name, value)}
     if not masks:
         return {}
@@ -144,19 +145,6 @@ def mask_feed_sets(
             additive[name] = np.where(heavy > 0, 0.0, np.finfo(value.dtype).min).astype(value.dtype)
     if additive:
         sets["additive padding"] = additive
-    # The last row masked entirely (its every query then sees no key): the mean of V where the graph fills with
-    # finfo.min, NaN where with −inf — a kernel that answers 0 instead is caught in the first case, and in the
-    # second the original defines nothing (these feeds are compared where it does: ``where_defined``).
-    if entire_rows and all(value.ndim >= 2 and value.shape[0] > 1 for value in masks.values()):
-        emptied = {}
-        for name, value in masks.items():
-            empty = _heavy_padding(value.shape)
-            empty[-1] = 0
-            if np.issubdtype(value.dtype, np.floating) and name in additive:
-                emptied[name] = np.where(empty > 0, 0.0, np.finfo(value.dtype).min).astype(value.dtype)
-            else:
-                emptied[name] = empty.astype(value.dtype)
-        sets["a row masked entirely"] = emptied
     return {label: {**feeds, **changed} for label, changed in sets.items()}
 
 
