@@ -110,14 +110,32 @@ class Mutant:
             return None
         return slot
 
-    def float_type(self) -> int:
+    @property
+    def dtype(self) -> type:
+        """The model's float type (float16 where its inputs or outputs are, else float32)."""
         for v in [*self.model.graph.input, *self.model.graph.output]:
-            if v.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
-                return v.type.tensor_type.elem_type
-        return TensorProto.FLOAT
+            if v.type.tensor_type.elem_type == TensorProto.FLOAT16:
+                return np.float16
+            if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+                return np.float32
+        return np.float32
 
     def fill(self) -> float:
-        return float(np.finfo(np.float16 if self.float_type() == TensorProto.FLOAT16 else np.float32).min)
+        return float(np.finfo(self.dtype).min)
+
+    def scalar(self, value: float) -> str:
+        return self.const(np.array(value, self.dtype))
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, np.int64))
+
+    def rewire_mask(self, transform) -> bool:
+        """The fused op's mask replaced by ``transform(mask name)``; False where the op reads no mask."""
+        slot = self.mask_slot()
+        if slot is None:
+            return False
+        self.node.input[slot] = transform(self.input(slot))
+        return True
 
     @property
     def standard(self) -> bool:
@@ -128,115 +146,79 @@ class Mutant:
         return self.node.op_type == "Attention" and not self.standard
 
 
-def _scale(m: Mutant) -> float | None:
+def _rescaled(m: Mutant, new_scale, *, unit_too: bool = False) -> bool:
+    """The op's scale attribute s replaced by ``new_scale(s)`` (not where there is none, nor where s is 1 and
+    the fault would change nothing unless ``unit_too``)."""
     a = m.attr("scale")
-    return a.f if a is not None else None
+    if a is None or (not unit_too and abs(a.f - 1.0) < 1e-6):
+        return False
+    m.set_float("scale", new_scale(a.f))
+    return True
 
 
 # --- the faults ------------------------------------------------------------------------------------------------
 
 
 def scale_doubled(m: Mutant) -> bool:
-    s = _scale(m)
-    if s is None:
-        return False
-    m.set_float("scale", 2 * s)
-    return True
+    return _rescaled(m, lambda s: 2 * s, unit_too=True)
 
 
 def scale_applied_twice(m: Mutant) -> bool:
-    s = _scale(m)
-    if s is None or abs(s - 1.0) < 1e-6:
-        return False
-    m.set_float("scale", s * s)
-    return True
+    return _rescaled(m, lambda s: s * s)
 
 
 def scale_dropped(m: Mutant) -> bool:
-    s = _scale(m)
-    if s is None or abs(s - 1.0) < 1e-6:
-        return False
-    m.set_float("scale", 1.0)
-    return True
+    return _rescaled(m, lambda s: 1.0)
 
 
 def mask_dropped(m: Mutant) -> bool:
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    m.node.input[slot] = ""
-    return True
+    return m.rewire_mask(lambda mask: "")
 
 
 def mask_inverted(m: Mutant) -> bool:
     """Masked positions attended and attended ones masked: ``Where(mask == 0, fill, 0)``."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    dtype = np.float16 if m.float_type() == TensorProto.FLOAT16 else np.float32
-    zero = m.const(np.array(0, dtype))
-    m.node.input[slot] = m.insert("Where", [m.insert("Equal", [mask, zero]), m.const(np.array(m.fill(), dtype)), zero])
-    return True
+
+    def inverted(mask: str) -> str:
+        zero = m.scalar(0)
+        return m.insert("Where", [m.insert("Equal", [mask, zero]), m.scalar(m.fill()), zero])
+
+    return m.rewire_mask(inverted)
 
 
 def mask_on_the_wrong_axis(m: Mutant) -> bool:
     """The mask's last two axes swapped (queries read as keys)."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    m.node.input[slot] = m.insert("Transpose", [m.insert("Unsqueeze", [mask, m.const(np.array([0], np.int64))])],
-                                  perm=[0, 1, 2, 4, 3])  # fmt: skip
-    m.node.input[slot] = m.insert("Squeeze", [m.node.input[slot], m.const(np.array([0], np.int64))])
-    return True
+
+    def swapped(mask: str) -> str:
+        wide = m.insert("Unsqueeze", [mask, m.ints(0)])
+        return m.insert("Squeeze", [m.insert("Transpose", [wide], perm=[0, 1, 2, 4, 3]), m.ints(0)])
+
+    return m.rewire_mask(swapped)
 
 
 def padding_side_flipped(m: Mutant) -> bool:
     """The mask reversed along the keys: left padding read as right padding."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    starts, ends = m.const(np.array([-1], np.int64)), m.const(np.array([-(2**62)], np.int64))
-    axes, steps = m.const(np.array([-1], np.int64)), m.const(np.array([-1], np.int64))
-    m.node.input[slot] = m.insert("Slice", [mask, starts, ends, axes, steps])
-    return True
+    return m.rewire_mask(lambda mask: m.insert("Slice", [mask, m.ints(-1), m.ints(-(2**62)), m.ints(-1), m.ints(-1)]))
 
 
 def mask_off_by_one(m: Mutant) -> bool:
     """The mask shifted one key to the right (a causal or padding boundary off by one)."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    head = m.insert("Slice", [mask, m.const(np.array([0], np.int64)), m.const(np.array([1], np.int64)),
-                              m.const(np.array([-1], np.int64))])  # fmt: skip
-    rest = m.insert("Slice", [mask, m.const(np.array([0], np.int64)), m.const(np.array([-1], np.int64)),
-                              m.const(np.array([-1], np.int64))])  # fmt: skip
-    m.node.input[slot] = m.insert("Concat", [head, rest], axis=-1)
-    return True
+
+    def shifted(mask: str) -> str:
+        head = m.insert("Slice", [mask, m.ints(0), m.ints(1), m.ints(-1)])
+        rest = m.insert("Slice", [mask, m.ints(0), m.ints(-1), m.ints(-1)])
+        return m.insert("Concat", [head, rest], axis=-1)
+
+    return m.rewire_mask(shifted)
 
 
 def mask_of_the_first_row_for_all(m: Mutant) -> bool:
     """Every batch row gets row 0's mask (a broadcast over the batch that should not be)."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    m.node.input[slot] = m.insert("Slice", [mask, m.const(np.array([0], np.int64)), m.const(np.array([1], np.int64)),
-                                            m.const(np.array([0], np.int64))])  # fmt: skip
-    return True
+    return m.rewire_mask(lambda mask: m.insert("Slice", [mask, m.ints(0), m.ints(1), m.ints(0)]))
 
 
 def mild_fill(m: Mutant) -> bool:
     """Masked positions filled with −1 instead of a very negative number: they still get weight."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    dtype = np.float16 if m.float_type() == TensorProto.FLOAT16 else np.float32
-    m.node.input[slot] = m.insert("Max", [m.input(slot), m.const(np.array(-1.0, dtype))])
-    return True
+    return m.rewire_mask(lambda mask: m.insert("Max", [mask, m.scalar(-1.0)]))
 
 
 def fully_masked_rows_to_zero_weight_change(m: Mutant) -> bool:
@@ -244,14 +226,12 @@ def fully_masked_rows_to_zero_weight_change(m: Mutant) -> bool:
     rows come from left padding under a causal mask; a batch row masked entirely by padding alone is not drawn
     (its answer is the fill's rounding: ``egfuse.validate.mask_feed_sets``), so on blocks without a causal mask
     this fault changes nothing validation looks at."""
-    slot = m.mask_slot()
-    if slot is None:
-        return False
-    mask = m.input(slot)
-    dtype = np.float16 if m.float_type() == TensorProto.FLOAT16 else np.float32
-    low = m.insert("LessOrEqual", [mask, m.const(np.array(m.fill() / 2, dtype))])
-    m.node.input[slot] = m.insert("Where", [low, m.const(np.array(-np.inf, dtype)), mask])
-    return True
+
+    def hardened(mask: str) -> str:
+        low = m.insert("LessOrEqual", [mask, m.scalar(m.fill() / 2)])
+        return m.insert("Where", [low, m.scalar(-np.inf), mask])
+
+    return m.rewire_mask(hardened)
 
 
 def k_and_v_swapped(m: Mutant) -> bool:
@@ -282,8 +262,7 @@ def query_scaled_slightly(m: Mutant) -> bool:
     """Q times 0.98: a small numeric fault (a scale off by 2 %)."""
     if m.packed:
         return False
-    dtype = np.float16 if m.float_type() == TensorProto.FLOAT16 else np.float32
-    m.node.input[0] = m.insert("Mul", [m.input(0), m.const(np.array(0.98, dtype))])
+    m.node.input[0] = m.insert("Mul", [m.input(0), m.scalar(0.98)])
     return True
 
 
@@ -304,39 +283,31 @@ def kv_grouping_wrong(m: Mutant) -> bool:
     if not m.standard or m.attr("q_num_heads") is not None or not m.input(1):
         return False
     # (B, N_kv, T, H) with N_kv < N: repeat by tiling, to N heads, so the op no longer groups them itself.
-    groups = _kv_group(m)
-    if groups is None or groups == 1 or _kv_heads(m) == 1:
+    counts = _head_counts(m)
+    if counts is None or counts[1] == 1 or counts[0] == counts[1]:  # one K/V head tiled or repeated is the same
         return False
-    repeats = m.const(np.array([1, groups, 1, 1], np.int64))
+    repeats = m.ints(1, counts[0] // counts[1], 1, 1)
     m.node.input[1] = m.insert("Tile", [m.input(1), repeats])
     m.node.input[2] = m.insert("Tile", [m.input(2), repeats])
     return True
 
 
-def _kv_heads(m: Mutant) -> int | None:
-    """K's head count (one K/V head tiled or repeated is the same: no grouping to get wrong)."""
-    inferred = onnx.shape_inference.infer_shapes(m.model)
-    for v in [*inferred.graph.value_info, *inferred.graph.input]:
-        if v.name == m.input(1) and len(v.type.tensor_type.shape.dim) == 4:
-            return v.type.tensor_type.shape.dim[1].dim_value or None
-    return None
-
-
-def _kv_group(m: Mutant) -> int | None:
+def _head_counts(m: Mutant) -> tuple[int, int] | None:
+    """Query and K heads of a (B, N, S, H) standard op, from shape inference; None where unknown."""
     inferred = onnx.shape_inference.infer_shapes(m.model)
     dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in
             [*inferred.graph.value_info, *inferred.graph.input]}  # fmt: skip
     q, k = dims.get(m.input(0)), dims.get(m.input(1))
     if not q or not k or len(q) != 4 or len(k) != 4 or not q[1] or not k[1]:
         return None
-    return q[1] // k[1]
+    return q[1], k[1]
 
 
 def output_features_reversed(m: Mutant) -> bool:
     """The op's output features in the wrong order (heads or head features permuted)."""
     out = m.node.output[0]
     reversed_ = m.name("reversed")
-    steps = [m.const(np.array([v], np.int64)) for v in (-1, -(2**62), -1, -1)]
+    steps = [m.ints(v) for v in (-1, -(2**62), -1, -1)]
     m.node.output[0] = m.name("raw")
     index = list(m.nodes).index(m.node)
     m.nodes.insert(index + 1, helper.make_node("Slice", [m.node.output[0], *steps], [reversed_], name=reversed_))
@@ -372,15 +343,25 @@ def cache_reversed(m: Mutant) -> bool:
     slots = (4, 5) if m.standard else (6, 7)
     if not m.input(slots[0]) or not m.input(slots[1]):
         return False
-    steps = [np.array([v], np.int64) for v in (-1, -(2**62), 2, -1)]
     for slot in slots:
-        m.node.input[slot] = m.insert("Slice", [m.input(slot), *(m.const(s) for s in steps)])
+        m.node.input[slot] = m.insert("Slice", [m.input(slot), *(m.ints(v) for v in (-1, -(2**62), 2, -1))])
     return True
+
+
+def _rotations(m: Mutant) -> list:
+    return [n for n in m.nodes if n.op_type == "RotaryEmbedding"]
+
+
+def _as_identity(node: onnx.NodeProto) -> None:
+    """A RotaryEmbedding that no longer rotates: its input passed through."""
+    node.op_type, node.domain = "Identity", ""
+    del node.input[1:]
+    del node.attribute[:]
 
 
 def rope_wrong_half(m: Mutant) -> bool:
     """RotaryEmbedding told the pairs are interleaved where they are halves (or the other way round)."""
-    rope = [n for n in m.nodes if n.op_type == "RotaryEmbedding"]
+    rope = _rotations(m)
     if not rope:
         return False
     for a in rope[0].attribute:
@@ -392,26 +373,21 @@ def rope_wrong_half(m: Mutant) -> bool:
 
 
 def rope_dropped(m: Mutant) -> bool:
-    rope = [n for n in m.nodes if n.op_type == "RotaryEmbedding"]
+    rope = _rotations(m)
     if not rope:
         return False
-    node = rope[0]
-    node.op_type, node.domain = "Identity", ""
-    del node.input[1:]
-    del node.attribute[:]
+    _as_identity(rope[0])
     return True
 
 
 def rope_on_keys_only(m: Mutant) -> bool:
     """The rotation of Q dropped, K's kept."""
-    rope = [n for n in m.nodes if n.op_type == "RotaryEmbedding"]
+    rope = _rotations(m)
     if len(rope) < 2:
         return False
     for node in rope:
         if node.output[0] == m.input(0) or _feeds(m, node.output[0], m.input(0)):
-            node.op_type, node.domain = "Identity", ""
-            del node.input[1:]
-            del node.attribute[:]
+            _as_identity(node)
             return True
     return False
 
