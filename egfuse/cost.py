@@ -107,7 +107,7 @@ class CostModel:
             return None
         if not op.softcap and not packed and float(a.cap) != 0.0:
             return None
-        if not op.broadcasts_batch and self._batch_broadcast(node, packed):
+        if not packed and not op.broadcasts_batch and self._batch_broadcast(node):
             return None
         work = self._fused_work(node, op)
         if work is None:
@@ -115,17 +115,14 @@ class CostModel:
         params = self.spec.costs
         return self._roofline(work, op.efficiency) + op.overhead_us + work.nodes * params.op_overhead_us
 
-    def _batch_broadcast(self, node: ENode, packed: bool) -> bool:
-        """K or V of batch 1 where the query's batch may be more: broadcasting a fused kernel refuses."""
-        if packed:
-            return False
+    def _batch_broadcast(self, node: ENode) -> bool:
+        """K or V of batch 1 (with Q's rank, or 4D beside a 3D query) where the query's batch may be more:
+        broadcasting a fused kernel refuses."""
         a = view(node)
         q, k, v = (self._shapes.get(c) for c in (a.q, a.k, a.v))
         if not q or q[0] == Dim(1):
             return False
-        return any(x is not None and len(x) == len(q) and x[0] == Dim(1) for x in (k, v)) or any(
-            x is not None and len(x) == 4 and len(q) == 3 and x[0] == Dim(1) for x in (k, v)
-        )
+        return any(x and x[0] == Dim(1) and (len(x) == len(q) or (len(x), len(q)) == (4, 3)) for x in (k, v))
 
     def _fused_work(self, node: ENode, op: FusedOp) -> Work | None:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
@@ -185,8 +182,9 @@ class CostModel:
             return Work(2.0 * out * a[-1], (sizes[0] + sizes[1] + out) * ELEMENT_BYTES)
         if op in ("concat", "part", "cols_before", "cols_from"):  # copies: what they write, read once
             out = sum(sizes) if op == "concat" else sizes[0] / 2
-            if op == "part" and -len(ins[0]) <= int(view(node).axis) < 0:
-                out = sizes[0] * int(view(node).size) / max(ins[0][int(view(node).axis)], 1)
+            axis = int(view(node).axis) if op == "part" else 0
+            if -len(ins[0]) <= axis < 0:
+                out = sizes[0] * int(view(node).size) / max(ins[0][axis], 1)
             return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
                   "nan_to_zero", "transpose", "repeat_heads"):  # fmt: skip

@@ -45,16 +45,13 @@ def judge(
         report.validation_note = f"the fused model does not run on onnxruntime: {short(err)}"
         return dict.fromkeys(entries, (f"fused model failed to run: {short(err)}", float("inf")))
     reference = validate.references(original, data, expected, names, weights=weights)
-    failing: dict[RegionKey, tuple[str, float]] = {}
-    for key, r in entries.items():
-        name = r.output
-        if name and name in expected and name in actual:
-            cmp = validate.compare(name, expected[name], actual[name], reference.get(name))
-            r.max_abs_diff = cmp.max_abs_diff
-            if not cmp.ok:
-                failing[key] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
     outputs = [o.name for o in original.graph.output]
-    cmps = [validate.compare(n, expected[n], actual[n], reference.get(n)) for n in outputs if n in actual]
+    regions, cmps = _comparisons(expected, actual, reference, entries, outputs, where_defined=False)
+    failing: dict[RegionKey, tuple[str, float]] = {}
+    for key, cmp in regions.items():
+        entries[key].max_abs_diff = cmp.max_abs_diff
+        if not cmp.ok:
+            failing[key] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
     # protobuf's limit (``weights``) is run once: each further run of a multi-GB model costs its size again.
     if feeds is None and weights is None:
@@ -93,20 +90,27 @@ def _compare_on(
     except Exception:
         return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
     reference = validate.references(original, data, expected, names, weights=weights)
-    regions = {}
-    for key, r in entries.items():
-        if r.output and r.output in expected and r.output in actual:
-            cmp = validate.compare(
-                r.output, expected[r.output], actual[r.output], reference.get(r.output), where_defined=True
-            )
-            if not cmp.ok:
-                regions[key] = cmp.max_abs_diff
-    compared = [
-        validate.compare(n, expected[n], actual[n], reference.get(n), where_defined=True)
+    regions, compared = _comparisons(expected, actual, reference, entries, outputs, where_defined=True)
+    return {"regions": {key: c.max_abs_diff for key, c in regions.items() if not c.ok}, "outputs": compared}
+
+
+def _comparisons(
+    expected: dict, actual: dict, reference: dict, entries: dict, outputs: list[str], *, where_defined: bool
+) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
+    """Each fused entry's output and each graph output, original against fused."""
+    regions = {
+        key: validate.compare(
+            r.output, expected[r.output], actual[r.output], reference.get(r.output), where_defined=where_defined
+        )
+        for key, r in entries.items()
+        if r.output and r.output in expected and r.output in actual
+    }
+    graph = [
+        validate.compare(n, expected[n], actual[n], reference.get(n), where_defined=where_defined)
         for n in outputs
         if n in actual
     ]
-    return {"regions": regions, "outputs": compared}
+    return regions, graph
 
 
 def fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:

@@ -86,15 +86,14 @@ class Lowerer:
             if rank == 4 and shape[1] is not None and shape[1].static is not None:
                 cmds.append(f"(set ({self.n['heads_of']} {term}) {shape[1].static})")
         if rank == 4:  # heads and head size of a (B, N, S, H) tensor: what an op taking (B, S, N·H) needs
-            shape = self.facts.shape(value)
             for axis in (1, 3):
                 if shape[axis] is not None and shape[axis].static is not None:
                     cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis].static}")')
         elif rank == 3:  # the merged (B·N) batch of 3D attention: equal strings prove equal sizes
-            first = self.facts.shape(value)[0]
+            first = shape[0]
             if first is not None:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 0) "{first}")')
-            last = self.facts.shape(value)[2]  # the head size of a (B, S, H) single head
+            last = shape[2]  # the head size of a (B, S, H) single head
             if last is not None and last.static is not None:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
         if not leaf:

@@ -15,8 +15,11 @@ import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
 
+PIECES = frozenset({"Concat", "Slice", "Split", "Squeeze"})
+"""Ops that also compute shapes (integer tensors); in a region only where they carry attention's floats: a KV
+cache's split scores, Q/K/V split head by head."""
 # Ops the rules reason about. A value produced by any other op enters the region as an opaque leaf.
-VOCABULARY = frozenset({
+VOCABULARY = PIECES | frozenset({
     "MatMul", "Transpose", "Reshape", "Mul", "Div", "Add", "Sub", "Where", "IsNaN", "Cast", "Sqrt", "Tanh", "Softmax",
     "Unsqueeze", "Expand",  # repeat_kv (GQA/MQA)
     "Einsum",  # tf2onnx writes projections and attention as Einsum
@@ -24,10 +27,7 @@ VOCABULARY = frozenset({
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
     "Identity",  # torch's clone() in old dynamo exports
     "CastLike",  # torch 2.1: a Cast to the dtype of another value (lowered like Cast)
-    "Concat", "Slice", "Split", "Squeeze",  # on float tensors (PIECES): split scores, heads split one by one
 })  # fmt: skip
-PIECES = frozenset({"Concat", "Slice", "Split", "Squeeze"})
-"""Ops that also compute shapes (integer tensors); in a region only where they carry attention's floats."""
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone()
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "CastLike", "Reshape", "Dropout", "Expand", "Identity"})
@@ -197,12 +197,8 @@ def find_regions(graph: ir.Graph, facts: GraphFacts) -> list[Region]:
         members -= claimed
         claimed |= members
         region = Region(index=len(regions), softmax=node, nodes=sorted(members, key=order.__getitem__))
-        region.outputs = _escaping_values(region.nodes)
         tail = forward[-1] if forward else node
-        region.main_output = tail.outputs[0]
-        if region.main_output not in region.outputs:
-            region.outputs.append(region.main_output)
-        regions.append(region)
+        regions.append(_with_outputs(region, tail.outputs[0]))
     return _joined_heads(regions, order)
 
 
@@ -229,16 +225,21 @@ def _joined_heads(regions: list[Region], order: dict[ir.Node, int]) -> list[Regi
             first = parts[0]
             nodes = {n for r in parts for n in r.nodes} | set(extra)
             joined = Region(index=first.index, softmax=first.softmax, nodes=sorted(nodes, key=order.__getitem__))
-            joined.outputs = _escaping_values(joined.nodes)
-            joined.main_output = node.outputs[0]
-            if joined.main_output not in joined.outputs:
-                joined.outputs.append(joined.main_output)
             gone.update(r.index for r in parts)
-            merged[first.index] = joined
+            merged[first.index] = _with_outputs(joined, node.outputs[0])
     kept = [merged.get(r.index, r) for r in regions if r.index not in gone or r.index in merged]
     for i, region in enumerate(kept):
         region.index = i
     return kept
+
+
+def _with_outputs(region: Region, main_output: ir.Value) -> Region:
+    """``region`` with the values it must keep producing: those read outside it, and its main output."""
+    region.outputs = _escaping_values(region.nodes)
+    region.main_output = main_output
+    if main_output not in region.outputs:
+        region.outputs.append(main_output)
+    return region
 
 
 def _escaping_values(nodes: list[ir.Node]) -> list[ir.Value]:

@@ -18,6 +18,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 from __future__ import annotations
 
 import functools
+import operator
 
 from egfuse.rules import (
     attention,
@@ -36,32 +37,21 @@ from egfuse.rules import (
 )
 from egglog import Ruleset
 
-CORE: Ruleset = (
-    facts.rules
-    | commute.rules
-    | layout.rules
-    | scale.rules
-    | softcap.rules
-    | masks.rules
-    | precision.rules
-    | attention.rules
-    | heads.rules
-    | heads.weights
-    | clamp.rules
-    | qbias.rules
-    | pieces.rules
-)
+CORE_FAMILIES: dict[str, Ruleset] = {
+    "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
+    "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
+    "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
+    "pieces": pieces.rules,
+}  # fmt: skip
+"""The target-independent families, by the name their rules carry."""
+
+CORE: Ruleset = functools.reduce(operator.or_, CORE_FAMILIES.values())
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
 """Rule families a target may ask for beyond the core (``TargetSpec.rule_families``): forms only its ops take."""
 
-NAMED: dict[str, Ruleset] = {
-    "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
-    "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
-    "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
-    "pieces": pieces.rules, "ort": ort.rules,
-}  # fmt: skip
+NAMED: dict[str, Ruleset] = {**CORE_FAMILIES, **FAMILIES}
 """Every family by the name its rules carry."""
 
 
