@@ -55,7 +55,7 @@ def judge(
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
     # protobuf's limit (``weights``) is run once: each further run of a multi-GB model costs its size again.
     if feeds is None and weights is None:
-        for label, masked in validate.mask_feed_sets(original, data).items():
+        for label, masked in validate.mask_feed_sets(data).items():
             more = _compare_on(original, fused, masked, names, outputs, entries, weights)
             if more is None:
                 continue  # the original does not run on these: they say nothing

@@ -121,7 +121,7 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
     return feeds
 
 
-def mask_feed_sets(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     """Further feeds, the base ``feeds`` with only their masks changed, so what a fused region does with a mask
     is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the
     last row on the right), random masks (each row keeping at least one key), and — for a float mask, whose

@@ -46,7 +46,7 @@ def test_masks_are_exercised_beyond_one_padded_position():
     mask also gets the additive convention (0 and finfo.min)."""
     model = attention_model(Variant(heads=2))
     base = validate.make_feeds(model)
-    sets = validate.mask_feed_sets(model, base)
+    sets = validate.mask_feed_sets(base)
     assert set(sets) == {"heavy padding", "random masks", "additive padding"}
     heavy = sets["heavy padding"]["mask"]
     assert (heavy[0, ..., : heavy.shape[-1] // 2] == 0).all() and (heavy[-1, ..., -(heavy.shape[-1] // 2) :] == 0).all()
