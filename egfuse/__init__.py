@@ -8,6 +8,6 @@
 from egfuse.api import Budgets, FuseResult, fuse
 from egfuse.errors import EgfuseError
 from egfuse.targets import targets
+from egfuse.version import __version__
 
-__all__ = ["Budgets", "EgfuseError", "FuseResult", "fuse", "targets"]
-__version__ = "0.1.0"
+__all__ = ["Budgets", "EgfuseError", "FuseResult", "__version__", "fuse", "targets"]

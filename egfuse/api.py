@@ -19,17 +19,20 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from egfuse import functions, protos
+from egfuse import functions, progress, protos, well_formed
+from egfuse import validate as validate_  # ``validate`` is fuse()'s switch
 from egfuse.dims import integer_text_dims
-from egfuse.errors import EgfuseError
+from egfuse.errors import EgfuseError, FeedsError
 from egfuse.judge import VALIDATION_ROUNDS, ban_forms, judge, short, upstream_only
-from egfuse.load import LoadedModel, ModelLike, default_opset, load
+from egfuse.load import LoadedModel, ModelLike, load
+from egfuse.outputs import model_inputs
 from egfuse.prepare import admit_standard_attention, bump_opset, infer_shapes, needs_standard_opset, prepare, same_nodes
 from egfuse.report import Report
 from egfuse.save import save_model
 from egfuse.search import Budgets, RegionKey, fuse_once
 from egfuse.targets import get_target
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
+from egfuse.version import __version__
 
 __all__ = ["Budgets", "FuseResult", "fuse", "infer_shapes", "save_model"]
 
@@ -41,13 +44,18 @@ class FuseResult:
     _source_external: bool = field(default=False, repr=False)
     """The input kept its weights outside the .onnx file (the result keeps only this of the input: holding the
     input itself would keep a second copy of a large model's weights alive as long as the result)."""
+    _inputs: tuple[Path, ...] = field(default=(), repr=False)
+    """The files the input was read from (the model, its weights): a save never writes over them."""
 
     def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
-        """Write atomically (a temp file renamed into place): never a half-written model at ``path``. Weights go
-        to ``<name>.data`` beside it when the input kept them external (or when asked, or past protobuf's 2 GB)."""
+        """Write atomically: a crash leaves the old model (and weights) at ``path`` or the new, never half of
+        one nor a mix (see :mod:`egfuse.save`). Weights go to a file beside it, ``<name>.data`` unless that name
+        is taken, when the input kept them external (or when asked, or past protobuf's 2 GB). Refuses (an
+        :class:`~egfuse.errors.UnsafeOutputError`, nothing written) a path that is an input file or not a
+        regular file."""
         if external_data is None and self._source_external:
             external_data = True
-        save_model(self.model, Path(path), external_data=external_data)
+        save_model(self.model, Path(path), external_data=external_data, inputs=model_inputs(self._inputs))
 
     def to_ir(self) -> ir.Model:
         return ir.serde.deserialize_model(self.model)
@@ -61,25 +69,80 @@ def fuse(
     feeds: dict | None = None,
     budgets: Budgets | None = None,
     shapes: dict[str, int] | None = None,
+    rotary: bool = True,
+    raise_opset: bool = True,
+    validation: validate_.Settings | None = None,
 ) -> FuseResult:
     """Fuse every attention block of ``model`` for ``target`` (``egfuse.targets()`` lists them), proven on
     onnxruntime. ``shapes`` binds symbolic dims (a symbol, or a word in it: ``{"seq": 512, "past": 1024}``) to
-    the sizes the cost model should choose the fastest form for."""
+    the sizes the cost model should choose the fastest form for. ``rotary=False`` leaves RoPE as the graph
+    wrote it; ``raise_opset=False`` keeps the model's opset (``ort`` then writes only its contrib ops, and a
+    target that needs opset 23 is refused); ``validation`` sets the tolerances and execution providers."""
     start = time.perf_counter()
     chosen = get_target(target)  # fail early on an unknown name
     if shapes is not None:
         chosen = chosen.for_shapes(shapes)
+    if not rotary:
+        chosen = replace(chosen, no_rotary="RoPE fusion turned off (rotary=False / --no-rope)")
+    progress.stage("loading the model")
     loaded = load(model)
+    if not raise_opset and loaded.opset < STANDARD_ATTENTION_OPSET:
+        if chosen.requires_standard_opset:
+            raise EgfuseError(
+                f"target {chosen.name!r} writes opset-{STANDARD_ATTENTION_OPSET} ops and the opset may not be raised "
+                f"(raise_opset=False / --keep-opset); the model is at opset {loaded.opset}: use --target ort",
+                path=loaded.source,
+            )
+        kept = "RotaryEmbedding needs opset 23 and the model's opset is kept (raise_opset=False / --keep-opset)"
+        chosen = replace(chosen.below_opset(loaded.opset), no_rotary=chosen.no_rotary or kept)
+    if feeds is not None and validate:
+        _check_feed_names(feeds, loaded)
+    checker_note = well_formed.checker_note(loaded.proto)
     budgets = budgets or Budgets()
     searched = loaded.proto
-    if functions.calls_local_functions(loaded.proto):
-        fused_proto, report, searched = _fuse_through_functions(loaded, chosen, validate, feeds, budgets)
-    else:
-        fused_proto, report = _fuse_loaded(loaded, chosen, validate, feeds, budgets)
+    with validate_.using(validation):
+        if functions.calls_local_functions(loaded.proto):
+            fused_proto, report, searched = _fuse_through_functions(loaded, chosen, validate, feeds, budgets)
+        else:
+            fused_proto, report = _fuse_loaded(loaded, chosen, validate, feeds, budgets)
     examined = {r.softmax for r in report.regions}  # If branches on known conditions were folded into the graph
     report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
+    if checker_note:
+        report.notes.append(checker_note)
     report.stats["seconds_total"] = time.perf_counter() - start
-    return FuseResult(fused_proto, report, loaded.external_data)
+    if report.changed:
+        _sign(fused_proto)
+    return FuseResult(fused_proto, report, loaded.external_data, loaded.files)
+
+
+def _check_feed_names(feeds: dict, loaded: LoadedModel) -> None:
+    """The user's feeds name the model's inputs, every one: a misspelt name would otherwise surface as "the
+    original does not run on the given feeds" after the whole search."""
+    initialized = {t.name for t in loaded.proto.graph.initializer}
+    expected = [i.name for i in loaded.proto.graph.input if i.name not in initialized]
+    unknown = sorted(set(feeds) - {i.name for i in loaded.proto.graph.input})
+    missing = [name for name in expected if name not in feeds]
+    if unknown or missing:
+        what = "; ".join(
+            part
+            for part in (
+                unknown and f"not inputs of the model: {', '.join(unknown)}",
+                missing and f"missing: {', '.join(missing)}",
+            )
+            if part
+        )
+        raise FeedsError(
+            f"the feeds do not match the model's inputs ({what}); it takes: {', '.join(expected)}", path=loaded.source
+        )
+
+
+def _sign(proto: onnx.ModelProto) -> None:
+    """The fused model says what wrote it (``producer_name``/``producer_version``); the exporter that made
+    the original is kept in ``metadata_props`` (``egfuse.source_producer``)."""
+    source = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
+    if source and not any(p.key == "egfuse.source_producer" for p in proto.metadata_props):
+        proto.metadata_props.add(key="egfuse.source_producer", value=source)
+    proto.producer_name, proto.producer_version = "egfuse", __version__
 
 
 def _fuse_through_functions(
@@ -110,9 +173,7 @@ def _fuse_through_functions(
     partial = functions.inline(loaded.proto, only=needed)
     spared = set(partial.kept) - set(full.kept)  # called functions the partial inlining keeps
     why_all = "every function holds fused attention or calls one that does"
-    if spared and default_opset(fused_proto) > default_opset(loaded.proto):
-        why_all = "the opset was raised for the standard ops, and onnx's version converter drops functions"
-    elif spared:
+    if spared:
         proto2, report2 = _fuse_loaded(
             replace(loaded, proto=partial.proto), chosen, validate, feeds, budgets, partial.origins
         )
@@ -153,7 +214,7 @@ def _fuse_loaded(
     origins: dict[str, str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """One model through the stages; ``origins`` maps inlined node names to the functions they came from."""
-    if not protos.is_large(loaded.proto):
+    if protos.weight_bytes(loaded.proto) <= protos.DETACH_BYTES:
         fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, None, origins)
     else:  # every stage on the graph without its weights; the weights come back into the result alone
         with protos.DetachedWeights(loaded.proto) as weights:
@@ -162,8 +223,8 @@ def _fuse_loaded(
             fused_proto = weights.restore(fused_proto) if report.changed else loaded.proto
         if weights.lifted and report.changed:
             report.notes.append(
-                f"{weights.lifted} large Constant values are initializers in the result (the same values: only "
-                "initializers can be stored outside a model past protobuf's 2 GB)"
+                f"{weights.lifted} large Constant values are initializers in the result (the same values: egfuse "
+                "keeps weights outside the graph while it works, and only initializers can be stored there)"
             )
     return fused_proto, report
 
@@ -205,7 +266,7 @@ def _fuse(
     if validate and report.changed:
         t0 = time.perf_counter()
         for round_ in range(VALIDATION_ROUNDS):
-            failing = judge(original, fused_proto, report, feeds, weights)
+            failing = judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes)
             if not failing:
                 break
             if round_ < VALIDATION_ROUNDS - 1:
@@ -217,10 +278,11 @@ def _fuse(
                 report.validated, report.validation_note = None, note
                 break
         else:
-            if judge(original, fused_proto, report, feeds, weights):  # unproven after every round: change nothing
+            # Unproven after every round: change nothing.
+            if judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes):
                 report.validated = None
                 report.validation_note = f"nothing applied: validation still failed after {VALIDATION_ROUNDS} rounds"
-                for entry in [*report.regions, *report.rotary]:
+                for entry in [*report.regions, *report.rotary, *report.layer_ops]:
                     if entry.status == "fused":
                         entry.status, entry.reason = "rolled back", "validation did not settle"
                 fused_proto = original

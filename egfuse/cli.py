@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from importlib import resources
 from pathlib import Path
 
-from egfuse.api import fuse
-from egfuse.errors import EgfuseError
+from egfuse import progress
+from egfuse.api import Budgets, fuse
+from egfuse.errors import EgfuseError, FeedsError
+from egfuse.load import model_files
+from egfuse.outputs import check_outputs, model_inputs
+from egfuse.save import write_text
 from egfuse.targets import TARGETS
+from egfuse.validate import DEFAULTS, Settings
+from egfuse.version import __version__
 
 DEMO_MODEL = "tiny_bert.onnx"
 
@@ -20,10 +28,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="egfuse",
         description="Fuse attention in ONNX models by equality saturation, proven on onnxruntime.",
     )
+    parser.add_argument("--version", action="version", version=f"egfuse {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on an error, also print the traceback")
+    common = argparse.ArgumentParser(add_help=False)  # --debug after the command too
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     targets = ", ".join(TARGETS)
 
-    opt = sub.add_parser("optimize", help="fuse the attention blocks of a model")
+    opt = sub.add_parser("optimize", parents=[common], help="fuse the attention blocks of a model")
     opt.add_argument("input", type=Path, help="the .onnx model to fuse")
     opt.add_argument("-o", "--output", type=Path, required=True, help="where to write the fused model")
     opt.add_argument(
@@ -40,20 +52,61 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--no-validate", action="store_true", help="skip the onnxruntime check (not recommended)")
     opt.add_argument("--feeds", type=Path, help="inputs for the onnxruntime check (.npz, one array per graph input)")
     opt.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    opt.add_argument("--no-rope", action="store_true", help="leave rotary embeddings as the graph wrote them")
+    opt.add_argument(
+        "--keep-opset",
+        action="store_true",
+        help="never raise the model's opset (ort: contrib ops only; the onnx target needs opset 23)",
+    )
+    check = opt.add_argument_group("validation")
+    check.add_argument("--atol", type=_non_negative, default=1e-4, help="absolute tolerance, float32 (1e-4)")
+    check.add_argument("--rtol", type=_non_negative, default=1e-3, help="relative tolerance, float32 (1e-3)")
+    check.add_argument(
+        "--provider",
+        action="append",
+        metavar="NAME",
+        help="onnxruntime execution provider to validate on, in order (default CPUExecutionProvider)",
+    )
+    check.add_argument(
+        "--memory-budget",
+        type=_non_negative,
+        default=4.0,
+        metavar="GB",
+        help="the most memory a validation run may hold (GiB, estimated before it runs; 0: no limit)",
+    )
 
-    demo = sub.add_parser("demo", help="fuse the tiny BERT bundled with egfuse and print the report")
+    demo = sub.add_parser("demo", parents=[common], help="fuse the tiny BERT bundled with egfuse and print the report")
     demo.add_argument("--target", choices=list(TARGETS), default="ort")
     demo.add_argument("-o", "--output", type=Path, help="also write the fused demo model here")
+    demo.add_argument("-q", "--quiet", action="store_true", help="print only errors")
 
     opt.add_argument("--profile", type=Path, help="a cost profile measured by `egfuse calibrate` (default: bundled)")
 
-    sub.add_parser("targets", help="list the hardware targets and what each writes")
+    sub.add_parser("targets", parents=[common], help="list the hardware targets and what each writes")
 
-    cal = sub.add_parser("calibrate", help="time each form on this machine's onnxruntime and fit a cost profile")
+    exp = sub.add_parser(
+        "explain", parents=[common], help="print one region's proof from a report (`optimize --report`)"
+    )
+    exp.add_argument("report", type=Path, help="the report (JSON) written by `egfuse optimize --report`")
+    exp.add_argument("region", help="the region's index, softmax node name or output name")
+
+    cal = sub.add_parser(
+        "calibrate", parents=[common], help="time each form on this machine's onnxruntime and fit a cost profile"
+    )
     cal.add_argument("--target", choices=list(TARGETS), default="ort")
     cal.add_argument("-o", "--output", type=Path, required=True, help="where to write the profile (JSON)")
     cal.add_argument("--quick", action="store_true", help="a smaller grid of shapes and fewer runs (~1 min)")
     return parser
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
 
 
 def _shape_binding(text: str) -> dict[str, int]:
@@ -69,27 +122,67 @@ def _shape_binding(text: str) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "targets":
-            return _targets()
-        if args.command == "calibrate":
-            return _calibrate(args)
-        return _optimize(args)
+        return _run(args)
+    except FeedsError as err:  # a usage error, like argparse's own
+        _error(f"egfuse: error: {err}", args)
+        return 2
     except EgfuseError as err:
-        print(f"egfuse: error: {err}", file=sys.stderr)
+        _error(f"egfuse: error: {err}", args)
         return 1
     except KeyboardInterrupt:
         print("egfuse: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `egfuse targets | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would raise again
+        return 141
+    except Exception as err:  # a bug of ours: one line, the traceback on --debug; no output was published
+        _error(
+            f"egfuse: internal error: {type(err).__name__}: {err} — nothing was written; please report it with the "
+            "traceback that --debug prints",
+            args,
+        )
+        return 3
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return _demo(args)
+    if args.command == "explain":
+        return _explain(args)
+    if args.command == "targets":
+        return _targets()
+    if args.command == "calibrate":
+        return _calibrate(args)
+    return _optimize(args)
+
+
+def _error(line: str, args: argparse.Namespace) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exc()
+    print(line, file=sys.stderr)
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    if args.output.resolve() == args.input.resolve():
-        raise EgfuseError("refusing to overwrite the input model; choose another -o", path=str(args.output))
+    _check_outputs(args)
     feeds = _load_feeds(args.feeds) if args.feeds else None
+    if feeds is not None and args.no_validate:
+        print(f"egfuse: warning: --feeds {args.feeds} is not used: --no-validate skips validation", file=sys.stderr)
     target = _profiled(args.target, args.profile) if args.profile else args.target
-    result = fuse(args.input, target=target, validate=not args.no_validate, feeds=feeds, shapes=args.shape)
+    validation = Settings(args.atol, args.rtol, tuple(args.provider or DEFAULTS.providers))
+    budget = None if args.memory_budget == 0 else int(args.memory_budget * 2**30)
+    with progress.status_line(sys.stderr.isatty() and not args.quiet):
+        result = fuse(
+            args.input,
+            target=target,
+            validate=not args.no_validate,
+            feeds=feeds,
+            shapes=args.shape,
+            budgets=Budgets(validation_bytes=budget),
+            rotary=not args.no_rope,
+            raise_opset=not args.keep_opset,
+            validation=validation,
+        )
     result.save(args.output)
     if args.report:
         _write_text(args.report, result.report.to_json() + "\n")
@@ -102,16 +195,33 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0 if result.report.validated is not False else 1
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before the long run: no output may be an input (the model, its weights, --feeds, --profile) or another
+    output, or anything but a regular file in a folder that exists and is writable."""
+    flags = (("--feeds", args.feeds), ("--profile", args.profile))
+    inputs = {**model_inputs(model_files(args.input)), **{p: f"the {flag} input" for flag, p in flags if p}}
+    check_outputs({"the fused model (-o)": args.output, "the report (--report)": args.report}, inputs)
+
+
 def _demo(args: argparse.Namespace) -> int:
     model = resources.files("egfuse") / "data" / DEMO_MODEL
-    with resources.as_file(model) as path:
+    with resources.as_file(model) as path, progress.status_line(sys.stderr.isatty() and not args.quiet):
         result = fuse(path, target=args.target)
     result.report.source = f"bundled demo model ({DEMO_MODEL}: tiny random BERT, 2 layers, dynamo export)"
-    print(result.report)
+    if not args.quiet:
+        print(result.report)
     if args.output:
         result.save(args.output)
-        print(f"wrote {args.output}")
+        if not args.quiet:
+            print(f"wrote {args.output}")
     return 0 if result.report.validated else 1
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from egfuse.explain import explain, load_report
+
+    print(explain(load_report(args.report), args.region))
+    return 0
 
 
 def _targets() -> int:
@@ -157,9 +267,8 @@ def _load_feeds(path: Path) -> dict:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Atomically (the old file or the new one), refusing a path that is not a regular file."""
+    write_text(path, text)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from egfuse.dims import Dim
 from egfuse.enodes import view
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
-from egfuse.targets.spec import FusedOp, TargetSpec
+from egfuse.targets.spec import LAYER_OPS, FusedOp, TargetSpec
 
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
@@ -28,7 +28,9 @@ _VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "r
 _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 """Constructors that raise to more than one node."""
-_FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0}
+_FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0}
+_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "gelu": 12.0, "bias_gelu": 13.0}
+"""FLOPs an element: a norm's mean, centring, square, variance, scale, shift; GELU's erf (a polynomial)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,12 @@ class CostModel:
         self,
         spec: TargetSpec,
         shapes: Mapping[EClass, Shape],
+        value_types: frozenset[str] = frozenset(),
     ) -> None:
         self.spec = spec
+        self.value_types = value_types
+        """The element types of the attention outputs being fused (numpy names): an op without a kernel for
+        one of them is refused."""
         self.binding = dict(spec.shape_binding)
         self._shapes = shapes
         self._bound: dict[EClass, tuple[int, ...] | None] = {}
@@ -102,18 +108,24 @@ class CostModel:
 
     # --- fused ops -----------------------------------------------------------------------------------------
     def _fused_cost(self, node: ENode, op: FusedOp) -> float | None:
-        packed, a = node.op == "packed_attention", view(node)
-        if op.positive_scale and float(a.scale) <= 0:
+        if not self.value_types <= op.dtypes:
             return None
-        if not op.softcap and not packed and float(a.cap) != 0.0:
-            return None
-        if not packed and not op.broadcasts_batch and self._batch_broadcast(node):
+        if node.op not in LAYER_OPS and not self._takes(node, op):
             return None
         work = self._fused_work(node, op)
         if work is None:
             return None
         params = self.spec.costs
         return self._roofline(work, op.efficiency) + op.overhead_us + work.nodes * params.op_overhead_us
+
+    def _takes(self, node: ENode, op: FusedOp) -> bool:
+        """What an attention op refuses: a scale it cannot express, a soft cap it lacks, a broadcast batch."""
+        packed, a = node.op == "packed_attention", view(node)
+        if (op.positive_scale and float(a.scale) <= 0) or (op.zero_scale_is_default and float(a.scale) == 0):
+            return False
+        if not op.softcap and not packed and float(a.cap) != 0.0:
+            return False
+        return packed or op.broadcasts_batch or not self._batch_broadcast(node)
 
     def _batch_broadcast(self, node: ENode) -> bool:
         """K or V of batch 1 (with Q's rank, or 4D beside a 3D query) where the query's batch may be more:
@@ -126,7 +138,16 @@ class CostModel:
 
     def _fused_work(self, node: ENode, op: FusedOp) -> Work | None:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
-        and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head."""
+        and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head.
+        A norm reads its input and writes its output once, with a few FLOPs an element."""
+        if node.op in LAYER_OPS:
+            x = self.dims(view(node).x)  # γ and β: one value per feature
+            if x is None:
+                return None
+            flops, moved = _LAYER_FLOPS[node.op] * math.prod(x), 2 * math.prod(x) + 2 * x[-1]
+            if node.op == "skip_layer_norm":  # the skip read, the sum written
+                moved += 2 * math.prod(x)
+            return Work(flops, moved * ELEMENT_BYTES)
         if node.op == "packed_attention":
             a = view(node)
             x, wq, wk, wv = (self.dims(c) for c in (a.x, a.wq, a.wk, a.wv))
@@ -171,10 +192,8 @@ class CostModel:
         op = node.op
         if op in _VIEWS:
             return Work(0.0, 0.0, nodes=0 if self.spec.costs.free_views else 1)
-        ins = [self.dims(c) for c in node.children]
-        if any(i is None for i in ins):
-            ins = [i or (1,) for i in ins]
-        sizes = [math.prod(i) for i in ins]
+        ins = [self.dims(c) or (1,) for c in node.children]  # unknown or scalar: one element
+        sizes = [math.prod(map(float, i)) for i in ins]  # float: absurd dims give inf, not an overflow
         if op == "matmul":
             a, b = ins
             lead = max(math.prod(a[:-2]), math.prod(b[:-2]))
@@ -187,7 +206,7 @@ class CostModel:
                 out = sizes[0] * int(view(node).size) / max(ins[0][axis], 1)
             return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
-                  "nan_to_zero", "transpose", "repeat_heads"):  # fmt: skip
+                  "nan_to_zero", "transpose", "repeat_heads", "pow", "reciprocal", "reduce_mean", "erf"):  # fmt: skip
             out = max(sizes) if sizes else 1
             if op == "repeat_heads":
                 out *= int(view(node).times)

@@ -7,9 +7,10 @@ A region downstream of one that differs differs too, so the upstream ones go fir
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
-from egfuse import protos, validate
+from egfuse import inputs, memory, progress, protos, validate
 from egfuse.report import RegionReport, Report, RotaryReport
 from egfuse.search import RegionKey
 
@@ -23,15 +24,32 @@ def judge(
     report: Report,
     feeds: dict | None,
     weights: protos.DetachedWeights | None,
+    budget: int | None = None,
 ) -> dict[RegionKey, tuple[str, float]]:
-    """Compare graph outputs and every fused region's and rotation's output; return what to roll back."""
+    """Compare graph outputs and every fused region's and rotation's output; return what to roll back. No run
+    may hold more than ``budget`` bytes (estimated before it runs)."""
     entries = fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
+    progress.stage(f"validating {len(entries)} fused regions on onnxruntime")
     try:
-        data, expected = validate.original_outputs(original, feeds, names, weights=weights)
+        data, expected = validate.original_outputs(original, feeds, names, weights=weights, budget=budget)
+    except memory.OverBudget as err:
+        report.validated = None
+        report.validation_note = (
+            f"nothing applied: {err}; raise the budget (Budgets(validation_bytes=…) / --memory-budget GB), give "
+            "smaller inputs (feeds= / --feeds), or skip the check (validate=False / --no-validate)"
+        )
+        return dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan")))
     except Exception as err:
         # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
+        if feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
+            report.validation_note = (
+                f"nothing applied: the original model does not run on the given feeds ({short(err)}); check their "
+                "shapes against the model's inputs, or skip the check (validate=False / --no-validate)"
+            )
+            reason = "not validated (the original does not run on the given feeds)"
+            return dict.fromkeys(entries, (reason, float("nan")))
         report.validation_note = (
             f"nothing applied: the original model does not run on generated inputs ({short(err)}); "
             "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
@@ -44,19 +62,20 @@ def judge(
         report.validated = False
         report.validation_note = f"the fused model does not run on onnxruntime: {short(err)}"
         return dict.fromkeys(entries, (f"fused model failed to run: {short(err)}", float("inf")))
-    reference = validate.references(original, data, expected, names, weights=weights)
     outputs = [o.name for o in original.graph.output]
-    regions, cmps = _comparisons(expected, actual, reference, entries, outputs, where_defined=False)
+    regions, cmps = _judged(original, data, expected, actual, names, entries, outputs, weights, budget)
     failing: dict[RegionKey, tuple[str, float]] = {}
     for key, cmp in regions.items():
         entries[key].max_abs_diff = cmp.max_abs_diff
         if not cmp.ok:
             failing[key] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
-    # protobuf's limit (``weights``) is run once: each further run of a multi-GB model costs its size again.
-    if feeds is None and weights is None:
-        for label, masked in validate.mask_feed_sets(data).items():
-            more = _compare_on(original, fused, masked, names, outputs, entries, weights)
+    # protobuf's limit is run once: each further run of a multi-GB model costs its size again.
+    if feeds is None and (weights is None or not weights.large):
+        for label, masked in inputs.mask_feed_sets(data).items():
+            progress.stage(f"validating {len(entries)} fused regions on onnxruntime: {label} feeds")
+            # half precision: finite values asked on these feeds, the masks judged on float32 copies of both
+            more = _compare_on(original, fused, masked, names, outputs, entries, weights, True, budget)
             if more is None:
                 continue  # the original does not run on these: they say nothing
             for key, diff in more["regions"].items():
@@ -78,6 +97,8 @@ def _compare_on(
     outputs: list[str],
     entries: dict,
     weights: protos.DetachedWeights | None,
+    finite_only: bool = False,
+    budget: int | None = None,
 ) -> dict | None:
     """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
     where the original does not run on them."""
@@ -89,27 +110,100 @@ def _compare_on(
         actual = validate.run(fused, data, names, weights=weights)
     except Exception:
         return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
-    reference = validate.references(original, data, expected, names, weights=weights)
-    regions, compared = _comparisons(expected, actual, reference, entries, outputs, where_defined=True)
-    return {"regions": {key: c.max_abs_diff for key, c in regions.items() if not c.ok}, "outputs": compared}
+    regions, compared = _judged(
+        original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only
+    )
+    failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
+    if finite_only and _half(expected):
+        widened = _compare_widened(original, fused, data, names, outputs, entries, weights, budget)
+        for key, diff in widened["regions"].items():
+            failing.setdefault(key, diff)
+        compared.extend(widened["outputs"])
+    return {"regions": failing, "outputs": compared}
+
+
+def _half(outputs: dict) -> bool:
+    return any(np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= 16 for v in outputs.values())
+
+
+def _compare_widened(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    data: dict,
+    names: list[str],
+    outputs: list[str],
+    entries: dict,
+    weights: protos.DetachedWeights | None,
+    budget: int | None,
+) -> dict:
+    """A half-precision model on mask-exercising feeds, judged on float32 copies of both models.
+
+    Those feeds make query rows whose every key is masked — by design (a batch row all padding) or by padding
+    on the left under a causal mask. In half precision such a row is the fill's rounding, which no kernel is
+    bound to reproduce (only finiteness is asked of it there), so a fused op that gives 0, or anything else,
+    in place of what the graph computes would go unseen; widened, the fill no longer rounds the scores away
+    and the row has one answer, which the fused model must give too. Nothing is judged
+    (empty) for a model past protobuf's limit, where the copies would cost its weights twice more, or where
+    the widened original does not run."""
+    nothing: dict = {"regions": {}, "outputs": []}
+    if weights is not None and weights.large:
+        return nothing
+    wide = []
+    for model in (original, fused):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy))
+    data = validate.upcast_feeds(data)
+    try:
+        memory.check(wide[0], data, budget, weights_mapped=False)
+    except memory.OverBudget:
+        return nothing
+    return _compare_on(wide[0], wide[1], data, names, outputs, entries, None, budget=budget) or nothing
+
+
+def _judged(
+    original: onnx.ModelProto,
+    data: dict,
+    expected: dict,
+    actual: dict,
+    names: list[str],
+    entries: dict,
+    outputs: list[str],
+    weights: protos.DetachedWeights | None,
+    budget: int | None,
+    where_defined: bool = False,
+    finite_only: bool = False,
+) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
+    """The comparisons on one feed set; where one fails, judged again against a float64 run of the original
+    (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is decided by rounding."""
+    reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
+    how = {"where_defined": where_defined, "finite_only": finite_only}
+    regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how)
+    if not all(c.ok for c in [*regions.values(), *compared]):
+        wide = validate.references(original, data, expected, names, weights=weights, budget=budget, float32_too=True)
+        if wide:
+            regions, compared = _comparisons(expected, actual, {**wide, **reference}, entries, outputs, **how)
+    return regions, compared
 
 
 def _comparisons(
-    expected: dict, actual: dict, reference: dict, entries: dict, outputs: list[str], *, where_defined: bool
+    expected: dict,
+    actual: dict,
+    reference: dict,
+    entries: dict,
+    outputs: list[str],
+    *,
+    where_defined: bool,
+    finite_only: bool = False,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """Each fused entry's output and each graph output, original against fused."""
+    how = {"where_defined": where_defined, "finite_only": finite_only}
     regions = {
-        key: validate.compare(
-            r.output, expected[r.output], actual[r.output], reference.get(r.output), where_defined=where_defined
-        )
+        key: validate.compare(r.output, expected[r.output], actual[r.output], reference.get(r.output), **how)
         for key, r in entries.items()
         if r.output and r.output in expected and r.output in actual
     }
-    graph = [
-        validate.compare(n, expected[n], actual[n], reference.get(n), where_defined=where_defined)
-        for n in outputs
-        if n in actual
-    ]
+    graph = [validate.compare(n, expected[n], actual[n], reference.get(n), **how) for n in outputs if n in actual]
     return regions, graph
 
 
@@ -117,6 +211,7 @@ def fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport
     """What validation judges, by the key it rolls back by."""
     entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in report.regions if r.status == "fused"}
     entries.update({("rotary", r.index): r for r in report.rotary if r.status == "fused"})
+    entries.update({("layer", r.index): r for r in report.layer_ops if r.status == "fused"})
     return entries
 
 

@@ -15,9 +15,9 @@ all the rules need. Permutation algebra is a lookup table (``perm_then``) writte
 
 from __future__ import annotations
 
-import itertools
-
 from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Like, relation
+
+from egfuse.perms import perm_string, perm_table, swap_table
 
 __all__ = [
     "Tensor",
@@ -75,6 +75,17 @@ class Tensor(Expr):
     def sqrt(cls, a: Tensor) -> Tensor: ...
     @classmethod
     def tanh(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def pow(cls, a: Tensor, b: Tensor) -> Tensor: ...
+    @classmethod
+    def reciprocal(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def erf(cls, a: Tensor) -> Tensor: ...
+
+    @classmethod
+    def reduce_mean(cls, a: Tensor) -> Tensor:
+        """``ReduceMean`` over the last axis, keeping it (the only reduction a norm needs)."""
+
     @classmethod
     def cast(cls, a: Tensor, to: i64Like) -> Tensor: ...
 
@@ -157,6 +168,39 @@ class Tensor(Expr):
     @classmethod
     def attend_z(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like) -> Tensor:
         """``attend`` whose fully masked rows are 0: the softmax was guarded by ``nan_to_zero``."""
+
+    # --- canonical norms and activations (:mod:`egfuse.rules.norms`, :mod:`egfuse.rules.gelu`) -----------------
+    @classmethod
+    def normalized(cls, x: Tensor, epsilon: f64Like) -> Tensor:
+        """``(x − mean(x)) / √(var(x) + epsilon)`` over the last axis: a layer norm before its affine part."""
+
+    @classmethod
+    def layer_norm(cls, x: Tensor, scale: Tensor, bias: Tensor, epsilon: f64Like) -> Tensor:
+        """``normalized(x, epsilon) · scale + bias``: the standard ``LayerNormalization`` (opset 17), axis −1."""
+
+    @classmethod
+    def gelu_cdf(cls, x: Tensor) -> Tensor:
+        """``1 + erf(x / √2)``: twice the normal CDF, the bracket of the exact GELU."""
+
+    @classmethod
+    def gelu(cls, x: Tensor) -> Tensor:
+        """``x · ½ · (1 + erf(x / √2))``: the exact GELU, ``Gelu`` (opset 20) or ``com.microsoft.Gelu``."""
+
+    @classmethod
+    def bias_gelu(cls, x: Tensor, bias: Tensor) -> Tensor:
+        """``gelu(x + bias)`` with a per-feature ``bias``: ``com.microsoft.BiasGelu`` (a projection's bias)."""
+
+    @classmethod
+    def skip_layer_norm(cls, x: Tensor, skip: Tensor, scale: Tensor, bias: Tensor, epsilon: f64Like) -> Tensor:
+        """``layer_norm(x + skip, …)``: ``com.microsoft.SkipLayerNormalization``, which also returns the sum."""
+
+    @classmethod
+    def rms_normalized(cls, x: Tensor, epsilon: f64Like) -> Tensor:
+        """``x / √(mean(x²) + epsilon)`` over the last axis: an RMS norm before its scale."""
+
+    @classmethod
+    def rms_norm(cls, x: Tensor, scale: Tensor, epsilon: f64Like) -> Tensor:
+        """``rms_normalized(x, epsilon) · scale``: the standard ``RMSNormalization`` (opset 23), axis −1."""
 
     # --- target ops ----------------------------------------------------------------------------------------
     @classmethod
@@ -252,31 +296,6 @@ attention on a few heads and on all of them read it alike."""
 
 finite = relation("finite", Tensor)
 """Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""
-
-
-def perm_string(perm: tuple[int, ...] | list[int]) -> str:
-    return ",".join(str(int(p)) for p in perm)
-
-
-def perm_table(ranks: tuple[int, ...] = (3, 4)) -> list[tuple[str, str, str]]:
-    """All ``(first, then, composed)`` triples for the given ranks (24² + 6² rows: cheap to load)."""
-    rows = []
-    for rank in ranks:
-        perms = list(itertools.permutations(range(rank)))
-        for first in perms:
-            for then in perms:
-                composed = tuple(first[i] for i in then)
-                rows.append((perm_string(first), perm_string(then), perm_string(composed)))
-    return rows
-
-
-def swap_table(ranks: tuple[int, ...] = (3, 4)) -> list[tuple[str, str]]:
-    rows = []
-    for rank in ranks:
-        for perm in itertools.permutations(range(rank)):
-            swapped = (*perm[:-2], perm[-1], perm[-2])
-            rows.append((perm_string(perm), perm_string(swapped)))
-    return rows
 
 
 def constructor_names() -> list[str]:

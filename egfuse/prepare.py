@@ -46,7 +46,7 @@ def needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> b
     return any(n.op_type in _STANDARD_OPS and n.domain in ("", "ai.onnx") for n in fused.graph.node)
 
 
-_STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding"})
+_STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization"})
 """The default-domain ops egfuse writes that need opset 23."""
 
 
@@ -81,7 +81,47 @@ def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, 
         text = str(err).strip()
         return None, text.splitlines()[-1][-160:] if text else type(err).__name__
     converted.ir_version = max(converted.ir_version, 10)
+    _restore_what_the_converter_drops(proto, converted)
     return converted, ""
+
+
+def _restore_what_the_converter_drops(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """onnx's version converter drops nodes' ``metadata_props`` (a source map, the exporter's stack) and the
+    model-local functions; neither is the user's to lose. Metadata goes back on the node with the same outputs;
+    each function is converted through a model of its own body (or kept as written where the converter
+    refuses it: a function may import its own opset), with the imports of its domain."""
+    metadata = {tuple(n.output): n.metadata_props for n in original.graph.node if n.metadata_props}
+    for node in converted.graph.node:
+        props = metadata.get(tuple(node.output))
+        if props and not node.metadata_props:
+            node.metadata_props.extend(props)
+    if converted.functions or not original.functions:
+        return
+    for function in original.functions:
+        converted.functions.append(_converted_function(function))
+    imported = {entry.domain for entry in converted.opset_import}
+    converted.opset_import.extend(e for e in original.opset_import if e.domain not in imported)
+
+
+def _converted_function(function: onnx.FunctionProto) -> onnx.FunctionProto:
+    untyped = [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in (*function.input, *function.output)]
+    body = onnx.helper.make_graph(
+        list(function.node), function.name, untyped[: len(function.input)], untyped[len(function.input) :]
+    )
+    try:
+        model = onnx.version_converter.convert_version(
+            onnx.helper.make_model(body, opset_imports=list(function.opset_import)), STANDARD_ATTENTION_OPSET
+        )
+    except Exception:  # kept as written, importing the opset it was written for
+        return function
+    result = onnx.FunctionProto()
+    result.CopyFrom(function)
+    del result.node[:]
+    result.node.extend(model.graph.node)
+    for entry in result.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = STANDARD_ATTENTION_OPSET
+    return result
 
 
 def same_nodes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:

@@ -21,7 +21,14 @@ import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
 LARGE_BYTES = 1_500_000_000
-"""Weights above this (protobuf's hard limit is 2 GiB for the whole message) take the paths below."""
+"""Weights above this (protobuf's hard limit is 2 GiB for the whole message) are saved outside the model and
+validated with one run: each further run of a multi-GB model costs its size again."""
+
+DETACH_BYTES = 64 << 20
+"""Weights above this are kept out of the stages (:class:`DetachedWeights`): the e-graph, the IR and every
+onnxruntime session then hold a skeleton, and onnxruntime maps the weights from one file. Whole, a model's
+weights were copied by each stage and each session: 5.4 GB at the peak for a 0.75 GB model, 2.7 GB detached
+(``experiments/bench_memory.py``)."""
 
 _SMALL_TENSOR = 1 << 16
 """A skeleton keeps the data of tensors below this inline: shape constants, scales, masks, RoPE tables — what
@@ -59,7 +66,11 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def is_large(model: onnx.ModelProto) -> bool:
-    return sum(tensor_bytes(t) for t in _tensors(model)) > LARGE_BYTES
+    return weight_bytes(model) > LARGE_BYTES
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(tensor_bytes(t) for t in _tensors(model))
 
 
 def _detachable(tensor: onnx.TensorProto) -> bool:
@@ -79,6 +90,7 @@ class DetachedWeights:
         self.directory = Path(tempfile.mkdtemp(prefix="egfuse-weights-"))
         self.lifted = 0
         self._sources: dict[str, onnx.TensorProto] = {}  # name → the caller's tensor, to copy back from
+        self.large = is_large(model)  # past protobuf's limit: saved outside, validated with one run
         self._sessions = 0
         try:
             self.skeleton = self._split(model)
@@ -135,7 +147,9 @@ class DetachedWeights:
 
     def restore(self, proto: onnx.ModelProto) -> onnx.ModelProto:
         """``proto`` (made from the skeleton) with the weights it references copied back inline from the
-        caller's model (a copy in C++, without the transient Python ``bytes`` reading the file would make)."""
+        caller's model (a copy in C++, without the transient Python ``bytes`` reading the file would make).
+        The weights are then held twice until the caller's model is dropped (clearing its fields would not
+        help: protobuf's upb backend frees a message's memory only with the whole message)."""
         for tensor in proto.graph.initializer:
             source = self._sources.get(tensor.name)
             if source is not None and tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -168,11 +182,77 @@ def _copy_fields(source, target, skip: set[str]) -> None:
             setattr(target, field.name, value)
 
 
-def save_with_external_data(model: onnx.ModelProto, path: Path) -> Path:
-    """Write ``model`` to ``path`` with its weights in ``<name>.data`` beside it, without the in-memory copy
-    ``onnx.save_model`` makes (onnx-ir streams each tensor to the file). Large ``Constant`` values become
-    initializers first: only those can live outside the file, and left inline they can push it past 2 GB."""
+def save_with_external_data(model: onnx.ModelProto, path: Path, *, data_name: str | None = None) -> Path:
+    """Write ``model`` to ``path`` with its weights in ``data_name`` (default ``<name>.data``) beside it, without
+    the in-memory copy ``onnx.save_model`` makes (onnx-ir streams each tensor to the file). Large ``Constant``
+    values become initializers first: only those can live outside the file, and left inline they can push it
+    past 2 GB. A model whose every tensor is tiny still gets its weights file: asked for one, a caller expects
+    to find it."""
     model_ir = ir.serde.deserialize_model(model)
     LiftConstantsToInitializersPass(size_limit=_SMALL_TENSOR // 4)(model_ir)
-    ir.save(model_ir, path, external_data=f"{path.name}.data")
+    ir.save(
+        model_ir,
+        path,
+        external_data=data_name or f"{path.name}.data",
+        size_threshold_bytes=_INLINE_BYTES if _any_tensor_over(model_ir, _INLINE_BYTES) else 0,
+    )
     return path
+
+
+_INLINE_BYTES = 256
+"""Tensors below this stay in the model file (onnx-ir's default): shape constants, scales."""
+
+
+def _any_tensor_over(model: ir.Model, size: int) -> bool:
+    return any(v.const_value is not None and v.const_value.nbytes >= size for v in model.graph.initializers.values())
+
+
+_PROBE_INLINE_BYTES = 1 << 16
+"""Initializers below this stay in the copy shape inference reads (shape constants, scales); larger ones are
+stood in for by typed inputs, so inferring never copies a model's weights."""
+
+
+def _large_constant(node: onnx.NodeProto, inline_bytes: int) -> onnx.TensorProto | None:
+    """The tensor a ``Constant`` node holds, when it is too large to copy into a probe."""
+    value = _constant_value(node)
+    if value is None or len(node.output) != 1 or tensor_bytes(value) < inline_bytes:
+        return None
+    return value
+
+
+def inference_probe(
+    model: onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    inline_bytes: int = _PROBE_INLINE_BYTES,
+) -> onnx.ModelProto:
+    """A copy of the graph for shape inference: large weights (initializers and ``Constant`` nodes) stood in for
+    by typed inputs — their values are never needed, and a model over 2 GB cannot be serialized whole for onnx's
+    checker —, graph inputs fixed to ``input_shapes`` where given."""
+    graph = model.graph
+    probe = onnx.ModelProto()
+    probe.ir_version = model.ir_version
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    probe.graph.name = graph.name
+    for node in graph.node:
+        weight = _large_constant(node, inline_bytes)
+        if weight is None:
+            probe.graph.node.append(node)
+        else:  # exporters (onnxscript's models) ship weights as Constant nodes, as large as initializers
+            probe.graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], weight.data_type, weight.dims))
+    probe.graph.output.extend(graph.output)
+    for value in graph.input:
+        fixed = probe.graph.input.add()
+        fixed.CopyFrom(value)
+        if input_shapes and value.name in input_shapes:
+            shape = fixed.type.tensor_type.shape
+            del shape.dim[:]
+            for size in input_shapes[value.name]:
+                shape.dim.add().dim_value = int(size)
+    inputs = {value.name for value in graph.input}
+    for tensor in graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and tensor_bytes(tensor) < inline_bytes:
+            probe.graph.initializer.append(tensor)
+        elif tensor.name not in inputs:
+            probe.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return probe

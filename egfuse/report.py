@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from egfuse.version import __version__
+
 
 @dataclass
 class RegionReport:
@@ -22,6 +24,9 @@ class RegionReport:
     candidates: list[dict] = field(default_factory=list)
     """The fused forms its e-class held, each with the op the target writes for it and the predicted cost (µs)
     of the region written with it, cheapest first: the extraction's choice, explained."""
+    certificate: dict | None = None
+    """For a fused region, the rule applications that put its form into its output's class, per saturation
+    iteration (:class:`egfuse.certify.Certificate`): with ``max_abs_diff``, the region's proof."""
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Report:
     target: str
     regions: list[RegionReport] = field(default_factory=list)
     rotary: list[RotaryReport] = field(default_factory=list)  # RoPE, fused apart from the attention regions
+    layer_ops: list[RegionReport] = field(default_factory=list)  # norms and GELUs, in the attention e-graph
     nodes_before: int = 0
     nodes_after: int = 0
     validated: bool | None = None  # None: validation not run
@@ -55,7 +61,8 @@ class Report:
     unexamined: list[str] = field(default_factory=list)  # Softmax nodes no region covered: "where: node"
     rules: dict[str, int] = field(default_factory=dict)
     """Rule applications of the search that gave this result, by stable rule name (``masks.12``), most first. All
-    regions share one e-graph, so the counts are the model's, not a region's."""
+    regions share one e-graph, so the counts are the model's; each fused region's own are in its certificate."""
+    egfuse_version: str = __version__
 
     @property
     def fused(self) -> int:
@@ -63,15 +70,16 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        """Anything rewritten: an attention region or a rotary embedding."""
-        return self.fused > 0 or any(r.status == "fused" for r in self.rotary)
+        """Anything rewritten: an attention region, a rotary embedding, a norm or an activation."""
+        return self.fused > 0 or any(r.status == "fused" for r in [*self.rotary, *self.layer_ops])
 
     def fused_ops(self) -> dict[str, int]:
+        """Ops written, by kind (attention, RoPE, norms, activations), most first."""
         counts: dict[str, int] = {}
-        for r in self.regions:
+        for r in [*self.regions, *self.rotary, *self.layer_ops]:
             if r.status == "fused" and r.fused_into:
                 counts[r.fused_into] = counts.get(r.fused_into, 0) + 1
-        return counts
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
     def loud_note(self) -> str | None:
         """What a reader of "0/0 … unchanged" must not miss: Softmax nodes no region covered (in If/Loop
@@ -99,9 +107,12 @@ class Report:
 
     def __str__(self) -> str:
         lines = [
-            f"egfuse: {self.source} → target {self.target}",
+            f"egfuse {self.egfuse_version}: {self.source} → target {self.target}",
             f"  attention fused: {self.fused}/{len(self.regions)}   nodes: {self.nodes_before} → {self.nodes_after}",
         ]
+        written = self.fused_ops()
+        if written:
+            lines.append("  ops written: " + ", ".join(f"{op} ×{count}" for op, count in written.items()))
         if self.rotary:
             fused = sum(r.status == "fused" for r in self.rotary)
             variants = sorted({r.variant for r in self.rotary if r.status == "fused" and r.variant})
@@ -109,6 +120,11 @@ class Report:
             lines.append(f"  rotary embeddings fused: {fused}/{len(self.rotary)}{kinds}")
             missed = [r for r in self.rotary if r.status != "fused"]
             lines.extend(f"       rotary {r.index} at {r.output}: {r.status} — {r.reason}" for r in missed)
+        if self.layer_ops:
+            fused = sum(r.status == "fused" for r in self.layer_ops)
+            lines.append(f"  norms and activations fused: {fused}/{len(self.layer_ops)}")
+            missed = [r for r in self.layer_ops if r.status == "rolled back"]
+            lines.extend(f"       {r.softmax} at {r.output}: {r.status} — {r.reason}" for r in missed)
         if self.validated is not None:
             verdict = "passed" if self.validated else "FAILED"
             diff = f" (max abs diff {self.max_abs_diff:.2e})" if self.max_abs_diff is not None else ""
@@ -119,14 +135,20 @@ class Report:
         loud = self.loud_note()
         if loud:
             lines.append(f"  NOTE: {loud}")
+        width = min(max((len(r.softmax) for r in self.regions), default=12), _NAME_WIDTH)
+        results = [f"fused → {r.fused_into}" if r.status == "fused" else r.status for r in self.regions]
+        result_width = max((len(text) for text in results), default=6)
         if self.regions:
-            lines.append(f"  {'#':>3}  {'softmax node':<34} {'result':<42} details")
-        for r in self.regions:
-            result = f"fused → {r.fused_into}" if r.status == "fused" else r.status
+            lines.append(f"  {'#':>3}  {'softmax node':<{width}} {'result':<{result_width}} details")
+        for r, result in zip(self.regions, results, strict=True):
             details = ", ".join(f"{k}: {v}" for k, v in r.variants.items())
             if r.reason:
                 details = f"{r.reason}" + (f" [{details}]" if details else "")
-            lines.append(f"  {r.index:>3}  {_clip(r.softmax, 34):<34} {_clip(result, 42):<42} {details}")
+            name = r.softmax
+            if len(name) > width:  # never cut: the full name on a line of its own, the row below it
+                lines.append(f"  {r.index:>3}  {name}")
+                name = ""
+            lines.append(f"  {'' if not name else r.index:>3}  {name:<{width}} {result:<{result_width}} {details}")
             lines.extend(f"       note: {n}" for n in r.notes)
             priced = [c for c in r.candidates if c.get("cost_us") is not None]
             if r.status == "fused" and len(priced) > 1:
@@ -136,8 +158,9 @@ class Report:
         timing = self.stats.get("seconds_total")
         if timing is not None:
             lines.append(
-                f"  time {timing:.2f}s (saturate {self.stats.get('seconds_saturate', 0):.2f}s, "
-                f"validate {self.stats.get('seconds_validate', 0):.2f}s); e-graph "
+                f"  time {timing:.2f}s (saturate {self.stats.get('seconds_saturate', 0):.2f}s, certify "
+                f"{self.stats.get('seconds_certify', 0):.2f}s, validate {self.stats.get('seconds_validate', 0):.2f}s); "
+                "e-graph "
                 f"{self.stats.get('enodes_before')} → {self.stats.get('enodes_after')} e-nodes, "
                 f"{self.stats.get('iterations')} iterations ({self.stats.get('stop_reason')})"
             )
@@ -148,5 +171,5 @@ class Report:
         return "\n".join(lines)
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
+_NAME_WIDTH = 48
+"""The softmax-name column's widest; a longer name gets a line of its own."""

@@ -8,26 +8,35 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
-from egfuse import diagnose, functions, protos
+from egfuse import candidates, diagnose, functions, progress, protos
+from egfuse.certify import Certifier
 from egfuse.cost import CostModel, WithoutForms
 from egfuse.enodes import value_index, view
 from egfuse.extract import extract
 from egfuse.facts import GraphFacts
+from egfuse.layer_regions import find_layer_regions, write_layer_regions
 from egfuse.load import default_opset
 from egfuse.lower import Lowerer
+from egfuse.memory import DEFAULT_BUDGET_BYTES
+from egfuse.node_builder import replace_output
 from egfuse.prepare import infer_shapes
-from egfuse.raise_ import Emitter, replace_output
+from egfuse.raise_ import Emitter
 from egfuse.regions import find_regions
 from egfuse.report import RegionReport, Report, RotaryReport
-from egfuse.rotary import RotaryWriter, find_rotations
+from egfuse.rotary import find_rotations
+from egfuse.rotary_write import RotaryWriter
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
 from egfuse.shapes import class_shapes
-from egfuse.targets.spec import FUSED, STANDARD_ATTENTION_OPSET, TargetSpec
+from egfuse.targets.spec import FUSED, LAYER_OPS, STANDARD_ATTENTION_OPSET, TargetSpec
+
+ROTARY_TYPES = frozenset({"float32", "float16"})
+"""The element types onnxruntime's RotaryEmbedding has kernels for (CPU)."""
 
 RegionKey = int | tuple[str, int]
 """What validation rolls back: an attention region's index, or ("rotary", index)."""
@@ -35,11 +44,14 @@ RegionKey = int | tuple[str, int]
 
 @dataclass
 class Budgets:
-    """Saturation limits: egglog's ``run`` has none of its own."""
+    """Limits: saturation's (egglog's ``run`` has none of its own) and the memory validation may hold."""
 
     max_iterations: int = 24
     max_enodes_factor: float = 4.0  # of the e-graph's size after loading
     max_seconds: float = 60.0
+    validation_bytes: int | None = DEFAULT_BUDGET_BYTES
+    """Running a model on onnxruntime to validate it may hold at most this much (an upper-bound estimate made
+    before it runs, :mod:`egfuse.memory`); over it, nothing is applied and the report says why. None: no limit."""
 
 
 def fuse_once(
@@ -58,29 +70,34 @@ def fuse_once(
     graph = model.graph
     report = Report(source=source, target=target_name, nodes_before=len(prepared.graph.node))
 
-    if functions.concat_sequences(graph) and weights is None:
-        model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
+    if functions.concat_sequences(graph):
+        model = _reinferred(model, weights)
         graph = model.graph
     facts = GraphFacts(graph)
     for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
         if not functions.fold_constant_ifs(graph, facts):
             break
-        if weights is None:  # the branches' ops had no shapes (an If's output has none): infer them now
-            model = ir.serde.deserialize_model(infer_shapes(ir.serde.serialize_model(model)))
-            graph = model.graph
+        model = _reinferred(model, weights)  # the branches' ops had no shapes (an If's output has none)
+        graph = model.graph
         facts = GraphFacts(graph)
     # Rotations first: their outputs become plain values to the attention regions found after them.
     rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)
     regions = find_regions(graph, facts)
+    layer_regions = []
+    if any(target.op_for(c) is not None for c in LAYER_OPS):
+        residual = target.op_for("skip_layer_norm") is not None
+        layer_regions = find_layer_regions(graph, facts, {n for r in regions for n in r.nodes}, residual_norms=residual)
     session = Session()
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
-    for region in regions:
+    for region in [*regions, *layer_regions]:
         lowerer.lower(region)
     session.add(lowerer.table.commands)
+    progress.stage(f"saturating the e-graph of {len(regions)} attention regions")
     t0 = time.perf_counter()
     start_size = session.size()
+    ruleset = ruleset_for(target.rule_families)
     stats = session.run(
-        ruleset_for(target.rule_families),
+        ruleset,
         max_iterations=budgets.max_iterations,
         max_enodes=int(start_size * budgets.max_enodes_factor) + 1000,
         max_seconds=budgets.max_seconds,
@@ -95,20 +112,26 @@ def fuse_once(
     report.rules = dict(sorted(stats.rule_matches.items(), key=lambda item: (-item[1], item[0])))
     classes, fact_tables = session.freeze()
     class_of: dict[ir.Value, EClass] = {}
-    for cid, nodes in classes.items():
+    for cid, nodes in classes.items():  # a region's own value (``ref``) over another region's leaf of it
         for node in nodes:
-            if value_index(node) is not None:
-                class_of[lowerer.table.values[value_index(node)]] = cid
+            value = lowerer.table.values[value_index(node)] if value_index(node) is not None else None
+            if value is not None and (node.op == "ref" or value not in class_of):
+                class_of[value] = cid
+    # Each region lowered alone now, before any is rewritten: its certificate is saturated once it is fused.
+    certifier = Certifier(facts, default_opset(prepared), ruleset, budgets.max_iterations)
+    alone = {r.index: certifier.lower(r) for r in regions if r.main_output in class_of}
     shapes = class_shapes(classes, lowerer.table, facts)
-    cost_model = CostModel(target, shapes)
+    cost_model = CostModel(target, shapes, _float_types(r.main_output for r in regions))
     choice = extract(classes, cost_model)
     runnable = {op.constructor for op in target.ops}
 
     any_fused = False
     opsets: set[tuple[str, int]] = set()
+    seconds_certify = 0.0
     notes: list[str] = []
     no_bias_classes = {cid for cid, nodes in classes.items() if any(n.op == "no_bias" for n in nodes)}
-    for region in regions:
+    for done, region in enumerate(regions):
+        progress.stage(f"extracting and writing region {done + 1}/{len(regions)}")
         entry = RegionReport(
             region.index,
             region.name,
@@ -120,9 +143,9 @@ def fuse_once(
         report.regions.append(entry)
         main = class_of.get(region.main_output)
         fused_ops = fused_nodes(main, choice) if main is not None else []
-        entry.candidates = diagnose.candidates(main, classes, choice, cost_model) if main is not None else []
+        entry.candidates = candidates.priced_forms(main, classes, choice, cost_model) if main is not None else []
         if not fused_ops:
-            entry.reason = diagnose.cheaper_unfused(entry.candidates, target_name) or diagnose.why_not(
+            entry.reason = candidates.cheaper_unfused(entry.candidates, target_name) or diagnose.why_not(
                 region, class_of, classes, runnable, target_name
             )
             continue
@@ -167,6 +190,9 @@ def fuse_once(
         for old, new in replacements:
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
+        t_certify = time.perf_counter()
+        entry.certificate = certifier.certify(alone[region.index], entry.form).to_json()
+        seconds_certify += time.perf_counter() - t_certify
         written = [target.op_for(op.op) for op in fused_ops]
         entry.fused_into = written[0].label
         opsets.update((op.domain, op.opset) for op in written)
@@ -180,7 +206,24 @@ def fuse_once(
             notes.append(written[0].mask_note)
         any_fused = True
 
+    taken_over: dict[ir.Value, ir.Value] = {}
+
+    def write_layer_region(region):
+        main = class_of[region.main_output]
+        emitter = Emitter(graph, facts, lowerer.table, classes, fact_tables["rank_of"], choice, target,
+                          f"egfuse/n{region.index}", shapes, default_opset(prepared))  # fmt: skip
+        emitter.graph_values_only, emitter.taken_over = True, taken_over
+        new = emitter.emit_chosen(main)
+        graph.insert_before(region.nodes[-1], emitter.new_nodes)
+        for old, value in [(region.main_output, new), *emitter.also_replace]:
+            replace_output(graph, old, value, fresh=value in emitter.created)
+            taken_over[old] = value
+        return target.op_for(choice[main].node.op)
+
+    opsets |= write_layer_regions(layer_regions, class_of, choice, excluded, write_layer_region, report.layer_ops)
+    any_fused = any_fused or any(r.status == "fused" for r in report.layer_ops)
     report.notes.extend(notes)
+    report.stats["seconds_certify"] = seconds_certify
     if rotated:
         opsets.add(("", STANDARD_ATTENTION_OPSET))
     if any_fused or rotated:
@@ -195,6 +238,13 @@ def fuse_once(
     out = ir.serde.serialize_model(model)
     report.nodes_after = len(out.graph.node)
     return out, report
+
+
+def _reinferred(model: ir.Model, weights: protos.DetachedWeights | None) -> ir.Model:
+    """``model`` with shapes inferred again; a skeleton's weights stay in their file (serializing refers to
+    them, and inference reads only their dims)."""
+    proto = infer_shapes(ir.serde.serialize_model(model))
+    return weights.to_ir(proto) if weights is not None else ir.serde.deserialize_model(proto)
 
 
 def _fuse_rotations(
@@ -217,6 +267,8 @@ def _fuse_rotations(
         entry.variant = rotation.variant
         if unavailable is not None:
             entry.reason = unavailable
+        elif not _float_types([rotation.x]) <= ROTARY_TYPES:
+            entry.reason = f"onnxruntime has no RotaryEmbedding kernel for {rotation.x.dtype}"
         elif ("rotary", candidate.index) in excluded:
             entry.status = "rolled back"
             entry.reason, entry.max_abs_diff = excluded["rotary", candidate.index]
@@ -225,6 +277,12 @@ def _fuse_rotations(
             entry.status, entry.fused_into = "fused", "RotaryEmbedding"
             rotated = True
     return rotated
+
+
+def _float_types(values) -> frozenset[str]:
+    """The floating-point element types (numpy names) of ``values``: what a fused op needs a kernel for."""
+    types = (v.dtype for v in values if v.dtype is not None and v.dtype.is_floating_point())
+    return frozenset(np.dtype(t.numpy()).name for t in types)
 
 
 def fused_nodes(cid: EClass, choice: dict) -> list:

@@ -111,6 +111,14 @@ class Session:
     def size(self) -> int:
         return sum(n for _, n in self.egraph.all_function_sizes())
 
+    def holds(self, fact: str) -> bool:
+        """Whether egglog can match ``fact`` (a query in its syntax; free names are pattern variables) now."""
+        try:
+            self._raw.run_program(*self._raw.parse_program(f"(check {fact})"))
+        except bindings.EggSmolError:
+            return False
+        return True
+
     # --- saturation ------------------------------------------------------------------------------------------
     def run(self, ruleset: egglog.Ruleset, *, max_iterations: int, max_enodes: int, max_seconds: float) -> RunStats:
         """Run one iteration at a time: egglog's ``run`` has no node or time budget of its own."""

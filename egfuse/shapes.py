@@ -19,8 +19,10 @@ from egfuse.session import EClass, ENode
 
 Shape = tuple[Dim | None, ...]
 
-_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "where", "maximum"})
-_SAME = frozenset({"isnan", "sqrt", "tanh", "cast", "softmax", "nan_to_zero", "softcap"})
+_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "where", "maximum", "pow"})
+_SAME = frozenset({"isnan", "sqrt", "tanh", "cast", "softmax", "nan_to_zero", "softcap", "reciprocal", "normalized",
+                   "layer_norm", "rms_normalized", "rms_norm", "erf", "gelu_cdf", "gelu", "bias_gelu",
+                   "skip_layer_norm"})  # fmt: skip
 _MAX_PASSES = 8
 
 
@@ -89,9 +91,11 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         return kids[0]
     if op == "zero_bias":
         return (kids[0][-1],) if kids[0] else None
+    if op == "reduce_mean":
+        return (*kids[0][:-1], Dim(1)) if kids[0] else None
     if op == "transpose":
         perm = [int(p) for p in a.perm.split(",")]
-        return tuple(kids[0][p] for p in perm) if len(perm) == len(kids[0]) else None
+        return tuple(kids[0][p] for p in perm) if sorted(perm) == list(range(len(kids[0]))) else None
     if op == "matmul":
         x, y = kids
         if len(x) < 2 or len(y) < 2:

@@ -12,7 +12,10 @@ again), medians are reported as ratios to the unfused export.
     python experiments/bench_latency.py            # ~15 min on 2 cores
     python experiments/bench_latency.py --quick    # sequence 128 only, fewer runs
 
-Writes results/latency.json, results/latency.md and ``latency_ratio_vs_onnxscript`` in summary.json.
+Writes results/latency.json (``ratios``: ``{model: {seq: {tool: ratio to the unfused export}}}``, ``verdict``:
+the best egfuse target against the best other tool per model and sequence, ``peak``: the GFLOP/s a large
+MatMul reaches here and what each fused model achieves), results/latency.md and
+``latency_ratio_vs_onnxscript`` in summary.json.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
+REPO = HERE.resolve().parent
 RESULTS = HERE / "results"
 MODELS = HERE / "corpus" / "latency"
 TOOLS = ["onnxscript", "ort", "egfuse:ort", "egfuse:onnx"]
@@ -123,6 +127,43 @@ def optimize(tool: str, source: Path, kind: str) -> tuple[Path | None, str]:
     return out, json.dumps(record.get("fused"))
 
 
+def matmul_peak_gflops(n: int = 2048, runs: int = 5) -> float:
+    """The machine's practical peak: onnxruntime's own MatMul on two n×n float32 matrices."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        "peak",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in ("a", "b")],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {x: np.random.default_rng(0).standard_normal((n, n)).astype(np.float32) for x in ("a", "b")}
+    session.run(None, feeds)
+    best = min(_timed(session, feeds) for _ in range(runs))
+    return 2.0 * n**3 / best / 1e9
+
+
+def _timed(session, feeds) -> float:
+    start = time.perf_counter()
+    session.run(None, feeds)
+    return time.perf_counter() - start
+
+
+def model_gflop(kind: str, seq: int) -> float:
+    """The model's matrix-multiply work at batch 1 (projections, MLP, scores and values), GFLOP."""
+    hidden, layers = 768, 4
+    if kind == "bert":
+        per_layer = 2 * seq * hidden * (4 * hidden + 2 * 3072) + 4 * seq * seq * hidden
+    else:  # Llama-shaped: q and o full width, k and v a third (4 of 12 heads), gated MLP
+        per_layer = 2 * seq * hidden * (hidden * (2 + 2 / 3) + 3 * 2048) + 4 * seq * seq * hidden
+    return layers * per_layer / 1e9
+
+
 def time_model(path: Path, feeds: dict, runs: int) -> float | str:
     import onnxruntime as ort
 
@@ -147,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     seqs = [128] if args.quick else [128, 512]
     runs = 5 if args.quick else 10
     results: dict = {"seqs": seqs, "reps": args.reps, "runs_per_rep": runs, "models": {}}
+    results["peak"] = {"matmul_gflops": round(matmul_peak_gflops(), 1)}
     for kind in ("bert", "llama"):
         source = export(kind, 18)
         variants: dict[str, Path | None] = {"original (dynamo, opset 18)": source}
@@ -171,12 +213,17 @@ def main(argv: list[str] | None = None) -> int:
                     shown = f"{value * 1000:.1f} ms" if isinstance(value, float) else value[:60]
                     print(f"{kind} S={s} rep {rep + 1} {name:<28} {shown}", flush=True)
         results["models"][kind] = {
-            "variants": {k: str(v) if v else None for k, v in variants.items()},
+            "variants": {k: _relative(v) if v else None for k, v in variants.items()},
             "notes": notes,
             "seconds": table,
         }
     write(results)
     return 0
+
+
+def _relative(path: Path) -> str:
+    """A results file names models relative to the repository, never by this machine's path."""
+    return Path(path).resolve().relative_to(REPO).as_posix()
 
 
 def _median(values: list) -> float | None:
@@ -189,9 +236,31 @@ def write(results: dict) -> None:
     lines = ["| model | seq | " + " | ".join(next(iter(results["models"].values()))["seconds"]) + " |"]
     lines.append("|---|---|" + "---|" * len(next(iter(results["models"].values()))["seconds"]))
     ratios_vs_onnxscript = {}
+    ratios: dict = {}
+    verdict: dict = {}
+    achieved: dict = {}
     for kind, data in results["models"].items():
         for s in results["seqs"]:
             base = _median(data["seconds"]["original (dynamo, opset 18)"][s])
+            if base:
+                ratios.setdefault(kind, {})[str(s)] = {
+                    name: round(m / base, 3)
+                    for name, by_seq in data["seconds"].items()
+                    if name != "original (dynamo, opset 18)" and (m := _median(by_seq[s]))
+                }
+                ours = {k: v for k, v in ratios[kind][str(s)].items() if k.startswith("egfuse")}
+                others = {k: v for k, v in ratios[kind][str(s)].items() if not k.startswith("egfuse")}
+                if ours and others:
+                    best, rival = min(ours, key=ours.get), min(others, key=others.get)
+                    verdict.setdefault(kind, {})[str(s)] = {
+                        "best_egfuse": best, "ratio": ours[best], "best_other": rival, "other_ratio": others[rival],
+                        "egfuse_vs_other": round(ours[best] / others[rival], 3),
+                    }  # fmt: skip
+                best_seconds = min(
+                    (m for by_seq in data["seconds"].values() if (m := _median(by_seq[s]))), default=None
+                )
+                if best_seconds:
+                    achieved.setdefault(kind, {})[str(s)] = round(model_gflop(kind, s) / best_seconds, 1)
             cells = []
             for by_seq in data["seconds"].values():
                 m = _median(by_seq[s])
@@ -205,6 +274,22 @@ def write(results: dict) -> None:
             theirs = _median(data["seconds"]["onnxscript"][s])
             if ours and theirs:
                 ratios_vs_onnxscript[f"{kind}_s{s}"] = round(ours / theirs, 3)
+    results["ratios"] = ratios
+    results["verdict"] = verdict
+    results["peak"]["achieved_gflops_fastest"] = achieved
+    peak = results["peak"]["matmul_gflops"]
+    lines += [
+        "",
+        "Best egfuse target against the best other tool (ratio of their times; < 1: egfuse faster). The machine's "
+        f"MatMul peak: {peak:.0f} GFLOP/s; the fastest variant's matrix work achieves:",
+        "",
+    ]
+    for kind, by_seq in verdict.items():
+        for s, v in by_seq.items():
+            got = achieved.get(kind, {}).get(s)
+            share = f", {got:.0f} GFLOP/s ({got / peak:.0%} of peak)" if got else ""
+            lines.append(f"- {kind} S={s}: {v['best_egfuse']} {v['ratio']:.2f}× vs {v['best_other']} "
+                         f"{v['other_ratio']:.2f}× → {v['egfuse_vs_other']:.3f}{share}")  # fmt: skip
     results["markdown_table"] = "\n".join(lines)
     (RESULTS / "latency.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (RESULTS / "latency.md").write_text(

@@ -2,18 +2,24 @@
 
     python experiments/render_results.py
 
-The text between ``<!-- results:start -->`` and ``<!-- results:end -->`` is replaced; nothing else is touched.
+The text between each pair of markers (``<!-- results:start -->``/``<!-- results:end -->``: coverage, speed
+and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases) is replaced; nothing
+else is touched. The plots the paper shows are copied into paper/figures/. tests/test_paper.py fails when the
+committed text differs from what this would write.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+LAYER_FAMILIES = ("norms", "gelu")
+"""Rule families for norms and activations (issue 19): counted, but not attention's."""
 
 
 def table() -> str:
@@ -59,14 +65,78 @@ def table() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render(path: Path, body: str) -> bool:
+def counts() -> str:
+    """The rule and pattern counts the paper quotes, from ``rules_vs_patterns.json`` (one paragraph)."""
+    path = RESULTS / "rules_vs_patterns.json"
+    if not path.exists():
+        return "(run `python experiments/rules_vs_patterns.py` for the rule and pattern counts)\n"
+    data = json.loads(path.read_text())
+    ours, script, ort = data["egfuse_rules"], data["onnxscript_patterns"], data["ort_paths"]
+    attention, sdpa = script["totals"]["attention"], script["sdpa"]
+    paths = ort["totals"]["attention"]
+    ablation = data["ablation"]
+    families = len([name for name in ours["families"] if name != "facts"])
+    layer = {name: f["rules"] for name, f in ours["families"].items() if name in LAYER_FAMILIES}
+    layer_text = ", ".join(f"`{name}` {count}" for name, count in layer.items())
+    return (
+        f"egfuse carries {ours['total']} rules in {families} families besides its facts: {ours['rewrite_rules']} "
+        f"rewrites and {ours['fact_rules']} fact rules that derive the conditions rewrites read (`scalar_of`, "
+        f"`rank_of`, `finite`); of the rewrites, {sum(layer.values())} are for the rest of the layer, not attention "
+        f"({layer_text}), and some of `ort`'s are too. onnxscript {script['onnxscript_version']}'s attention "
+        f"rules, as `optimize_for_ort` "
+        f"applies them, are {attention['rules_as_used']} rules matching {attention['spellings']} concrete "
+        f"spellings (SDPA alone: {sdpa['spellings']}, from its `OrValue` alternatives); with `commute()` applied "
+        f"they would be {attention['commute_rules']} rules and {attention['commute_spellings']} spellings. "
+        f"onnxruntime {ort['onnxruntime_version']}'s optimizer tries {paths['paths']} parent paths for attention "
+        f"({paths['distinct']} distinct) in {paths['modules']} modules. With all its rules egfuse fuses "
+        f"{ablation['all_rules']['covered']} of {ablation['variants']} spellings drawn uniformly from the generator "
+        f"(`experiments/results/rules_vs_patterns.md`, which also removes one family at a time).\n"
+    )
+
+
+def _share(cell: dict) -> str:
+    return "—" if cell["share"] is None else f"{100 * cell['share']:.0f}%"
+
+
+def drift() -> str:
+    """Coverage per tool across exporter releases, from ``exporter_drift.json`` (a table and the figure)."""
+    path = RESULTS / "exporter_drift.json"
+    if not path.exists():
+        return "(run `python experiments/exporter_drift.py` for coverage across exporter releases)\n"
+    data = json.loads(path.read_text())
+    tools = data["tools"]
+    totals = data["all_releases"]
+    rows = ["| release | transformers | torch | " + " | ".join(tools) + " |", "|---|---|---|" + "---|" * len(tools)]
+    for stack, versions in data["releases"].items():
+        cells = " | ".join(_share(data["coverage"][tool][stack]["both"]) for tool in tools)
+        rows.append(f"| {stack} | {versions['transformers']} | {versions['torch']} | {cells} |")
+    rows.append("| **all** | | | " + " | ".join(f"{_share(totals[t])} ({totals[t]['expected']})" for t in tools) + " |")
+    moves = data["movement"]
+    others = [t for t in tools if not t.startswith("egfuse")]
+    swings = ", ".join(
+        f"{tool} {100 * moves[tool]['lowest']:.0f}–{100 * moves[tool]['highest']:.0f}%" for tool in others
+    )
+    return (
+        f"Coverage across {len(data['releases'])} releases of the exporter stack, both exporters (TorchScript and "
+        f"dynamo) together, {totals[tools[0]]['expected']} attention blocks in all (`experiments/results/"
+        f"exporter_drift.md`, which splits the exporters; figure `paper/figures/exporter_drift.png`):\n\n"
+        + "\n".join(rows)
+        + f"\n\nPer release the other tools range over {swings}; the largest change egfuse:ort shows between two "
+        f"consecutive releases is {100 * moves[tools[0]]['largest_step']:.0f} points.\n"
+    )
+
+
+def render(path: Path, body: str, start: str = START, end: str = END) -> bool:
     text = path.read_text()
-    if START not in text or END not in text:
+    if start not in text or end not in text:
         return False
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{START}\n{body}{END}{tail}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{body}{end}{tail}")
     return True
+
+
+COUNTS_START, COUNTS_END = "<!-- counts:start -->", "<!-- counts:end -->"
 
 
 def latency_into_speed_md() -> None:
@@ -82,12 +152,27 @@ def latency_into_speed_md() -> None:
     )
 
 
+DRIFT_START, DRIFT_END = "<!-- drift:start -->", "<!-- drift:end -->"
+FIGURES = ("exporter_drift.png", "rules_vs_patterns.png", "cost_model.png", "optimize_seconds.png")
+"""Plots the paper shows, copied from experiments/results/ into paper/figures/."""
+
+
+def sections() -> list[tuple[str, str, str]]:
+    """Each generated block of text: (start marker, end marker, body)."""
+    return [(START, END, table()), (COUNTS_START, COUNTS_END, counts()), (DRIFT_START, DRIFT_END, drift())]
+
+
 def main() -> int:
     latency_into_speed_md()
-    body = table()
     for path in (ROOT / "README.md", ROOT / "paper" / "egfuse.md"):
-        if path.exists() and render(path, body):
-            print(f"updated {path.relative_to(ROOT)}")
+        for start, end, body in sections():
+            if path.exists() and render(path, body, start, end):
+                print(f"updated {start.split()[1].split(':')[0]} in {path.relative_to(ROOT)}")
+    figures = ROOT / "paper" / "figures"
+    figures.mkdir(exist_ok=True)
+    for name in FIGURES:
+        if (RESULTS / name).exists():
+            shutil.copyfile(RESULTS / name, figures / name)
     return 0
 
 

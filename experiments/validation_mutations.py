@@ -223,9 +223,9 @@ def mild_fill(m: Mutant) -> bool:
 
 def fully_masked_rows_to_zero_weight_change(m: Mutant) -> bool:
     """Entries at finfo.min made −inf: a query row masked entirely gives NaN or 0 instead of the mean of V. Such
-    rows come from left padding under a causal mask; a batch row masked entirely by padding alone is not drawn
-    (its answer is the fill's rounding: ``egfuse.validate.mask_feed_sets``), so on blocks without a causal mask
-    this fault changes nothing validation looks at."""
+    rows come from left padding under a causal mask and from the feed set that pads one batch row entirely
+    (``egfuse.inputs.mask_feed_sets``); in half precision that row need only stay finite (its value is the
+    fill's rounding), so a kernel giving 0 there goes unseen."""
 
     def hardened(mask: str) -> str:
         low = m.insert("LessOrEqual", [mask, m.scalar(m.fill() / 2)])
@@ -495,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if summary["missed"]:
         lines += ["", "Missed:", *(f"- {r['base']} / {r['target']}: {r['kind']}" for r in summary["missed"])]
-        lines += ["", "A fault that changes only rows whose every key is masked is seen only where the feeds make such "
-                  "rows: left padding under a causal mask. A batch row masked entirely by padding alone is not drawn: "
-                  "there the graph's answer is decided by how its fill absorbs the scores in floating point, which no "
-                  "kernel is bound to reproduce (`egfuse.validate.mask_feed_sets`)."]  # fmt: skip
+        lines += ["", "Rows whose every key is masked come from left padding under a causal mask and from a batch row "
+                  "padded entirely. In half precision the graph's value there is decided by how its fill absorbs the "
+                  "scores in floating point, which no kernel is bound to reproduce, so those outputs need only be "
+                  "finite: a fault that turns them into 0 (onnxruntime's float16 `Attention` on a −inf row) is not "
+                  "seen (`egfuse.inputs.mask_feed_sets`)."]  # fmt: skip
     (RESULTS / "validation_mutations.md").write_text("\n".join(lines) + "\n")
     print(f"{summary['caught']}/{summary['trials']} caught, {summary['kinds']} kinds, {summary['seconds']} s")
     return 0 if summary["caught"] == summary["trials"] else 1

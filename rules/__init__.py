@@ -12,6 +12,8 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
+* ``norms``     — every spelling of layer and RMS normalization is ``layer_norm`` / ``rms_norm``
+* ``gelu``      — every spelling of the exact GELU is ``gelu`` (√2 divided or 1/√2 multiplied, ½ anywhere)
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
@@ -25,9 +27,11 @@ from egfuse.rules import (
     clamp,
     commute,
     facts,
+    gelu,
     heads,
     layout,
     masks,
+    norms,
     ort,
     pieces,
     precision,
@@ -41,7 +45,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
-    "pieces": pieces.rules,
+    "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
@@ -84,9 +88,11 @@ __all__ = [
     "clamp",
     "commute",
     "facts",
+    "gelu",
     "heads",
     "layout",
     "masks",
+    "norms",
     "ort",
     "pieces",
     "precision",

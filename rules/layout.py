@@ -49,7 +49,7 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     # ``split_lead ∘ merge_lead = id`` below it, it is also why torch 2.1–2.4 dynamo's decomposition of a 4D MatMul
     # is one: Reshape(MatMul(Reshape(Expand(a)), Reshape(Expand(b)))) = split_lead(matmul(merge_lead(a),
     # merge_lead(b))) = split_lead(merge_lead(matmul(a, b))) = matmul(a, b), the Expands being to the shapes a and
-    # b already have (lowered as the identity: lower.Lowerer._expand).
+    # b already have (lowered as the identity: lower_layout.LayoutTerms._expand).
     yield rewrite(Tensor.matmul(Tensor.merge_lead(x, n), Tensor.merge_lead(c, n))).to(
         Tensor.merge_lead(Tensor.matmul(x, c), n)
     )

@@ -1,6 +1,6 @@
 """onnxruntime's packed-QKV ``com.microsoft.Attention``: ``mha`` whose Q, K and V are three projections
 ``x @ W + b`` of one input is one op with the three weights concatenated (the fastest spelling of a BERT
-block on ORT CPU)."""
+block on ORT CPU). And a layer norm of a residual sum is ``com.microsoft.SkipLayerNormalization``."""
 
 from __future__ import annotations
 
@@ -40,3 +40,5 @@ def rules(
         is_weight(bk),
         is_weight(bv),
     )
+    # A residual sum normalized: SkipLayerNormalization, which returns the sum for the next residual too.
+    yield rewrite(Tensor.layer_norm(Tensor.add(x, b), wq, bq, s)).to(Tensor.skip_layer_norm(x, b, wq, bq, s))

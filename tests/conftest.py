@@ -32,6 +32,20 @@ def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, feeds
         assert not np.isnan(diff).any(), f"{name}: NaN where the original has a number"
 
 
+def feature_model(nodes: list, inits: list, name: str, width: int, output: str = "output") -> onnx.ModelProto:
+    """A float32 graph from ``input`` to ``output``, both (batch, seq, width): the frame the norm and GELU tests
+    put their spellings in (opset 18, IR 9)."""
+    shape = ["batch", "seq", width]
+    graph = onnx.helper.make_graph(
+        nodes,
+        name,
+        [onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, shape)],
+        [onnx.helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9)
+
+
 def topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with nodes a test appended put back in topological order."""
     import onnx_ir as ir

@@ -108,6 +108,7 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     feeds = dict(np.load(DATA / "llama_past_eager.torchscript.feeds.npz"))
     expected = egfuse.fuse(path, target=target, feeds=feeds)
     monkeypatch.setattr(protos, "LARGE_BYTES", -1)
+    monkeypatch.setattr(protos, "DETACH_BYTES", -1)
     monkeypatch.setattr(protos, "_SMALL_TENSOR", 16)
     original = onnx.load(path)
     assert protos.is_large(original)
@@ -140,6 +141,7 @@ def test_large_constant_values_become_initializers(model, target, monkeypatch):
         model.graph.initializer.remove(tensor)
     feeds = feeds_for(model)
     monkeypatch.setattr(protos, "LARGE_BYTES", 1000)
+    monkeypatch.setattr(protos, "DETACH_BYTES", 1000)
     monkeypatch.setattr(protos, "_SMALL_TENSOR", 256)
     assert protos.is_large(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -151,3 +153,38 @@ def test_large_constant_values_become_initializers(model, target, monkeypatch):
     assert lifted <= read or target == "ort"  # ort packs Q/K/V into one weight; the standard op reads them
     assert any(f"{len(weights)} large Constant values are initializers" in n for n in result.report.notes)
     assert_same_outputs(model, result.model, feeds)
+
+
+def test_mid_size_models_keep_weights_apart_and_are_validated_in_full(monkeypatch):
+    """Past ``DETACH_BYTES`` the stages hold a skeleton (weights mapped from one file), but below protobuf's
+    limit validation still exercises the masks and judges half precision against float32: the cost of more runs
+    is small there, and what they prove is not."""
+    from egfuse import inputs, judge
+
+    model = attention_model(Variant(heads=2, dtype="float16", k_layout="transpose_0132"))
+    monkeypatch.setattr(protos, "DETACH_BYTES", 1000)
+    monkeypatch.setattr(protos, "_SMALL_TENSOR", 256)
+    detached, mask_sets, references = [], [], []
+    original_detached, original_sets = protos.DetachedWeights.__init__, inputs.mask_feed_sets
+    original_references = judge.validate.references
+
+    def spy_detached(self, proto):
+        detached.append(True)
+        original_detached(self, proto)
+
+    def spy_sets(data):
+        mask_sets.append(True)
+        return original_sets(data)
+
+    def spy_references(*args, **kwargs):
+        found = original_references(*args, **kwargs)
+        references.append(bool(found))
+        return found
+
+    monkeypatch.setattr(protos.DetachedWeights, "__init__", spy_detached)
+    monkeypatch.setattr(inputs, "mask_feed_sets", spy_sets)
+    monkeypatch.setattr(judge.validate, "references", spy_references)
+    result = egfuse.fuse(model)
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    assert detached and mask_sets and any(references)
+    assert_same_outputs(model, result.model, feeds_for(model), atol=1e-2)  # float16

@@ -78,7 +78,7 @@ def test_the_import_check_finds_a_cycle():
 
 
 def test_enodes_are_read_by_name_outside_the_decoding_module():
-    positional = re.compile(r"\b(?:node|n|e_node|enode|chosen)\.args\[")
+    positional = re.compile(r"\b(?:node|n|e_node|enode|chosen)\.(?:args|children)\[")
     offenders = [
         f"{p.relative_to(ROOT)}:{i}"
         for p in _sources()

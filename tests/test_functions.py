@@ -107,15 +107,20 @@ def test_functions_without_fused_attention_stay_functions():
     assert_same_outputs(model, result.model, feeds)
 
 
-def test_functions_are_all_inlined_where_the_opset_is_converted():
-    """onnx's version converter (opset 23 for the standard op) drops functions: everything is inlined, and the
-    report says why."""
+def test_functions_stay_functions_where_the_opset_is_converted():
+    """onnx's version converter (opset 23 for the standard op) drops functions and nodes' metadata: egfuse puts
+    them back (each function's body converted too), so the activation stays a function on ``onnx`` as well."""
     model = _with_unrelated_function(in_functions(attention_model(OLD_DYNAMO_STYLE), depth=2))
+    for node in model.graph.node:
+        node.metadata_props.add(key="pkg.torch.onnx.stack_trace", value=node.name)
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert result.report.fused == 1 and result.report.validated is True, str(result.report)
-    assert not result.model.functions
-    assert any("version converter drops functions" in note for note in result.report.notes)
+    assert [f.name for f in result.model.functions] == ["Activation"]
+    (activation,) = result.model.functions
+    assert {e.domain: e.version for e in activation.opset_import}[""] == 23
+    kept = [n for n in result.model.graph.node if n.name == "act"]
+    assert kept and kept[0].metadata_props[0].value == "act"
     assert_same_outputs(model, result.model, feeds)
 
 

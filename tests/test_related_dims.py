@@ -5,7 +5,7 @@ original runs on instead of giving up, and the fused model is proven on it."""
 from __future__ import annotations
 
 import egfuse
-from egfuse import validate
+from egfuse import inputs, validate
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from .conftest import assert_same_outputs
@@ -53,9 +53,20 @@ def test_cache_tensors_named_apart_are_bound_alike():
     model = _with_opaque_total(variant)
     (value_length,) = [d for d in model.graph.input[1].type.tensor_type.shape.dim if d.dim_param == "past_seq"]
     value_length.dim_param = "s9"
-    (first, *_) = validate.related_bindings(model)
+    (first, *_) = inputs.related_bindings(model)
     assert first["s9"] == first["past_seq"], first
     for target in ("ort", "onnx"):
         result = egfuse.fuse(model, target=target)
         assert result.report.fused == 1 and result.report.validated is True, str(result.report)
         assert_same_outputs(model, result.model, feeds_for(attention_model(variant), left_padding=True))
+
+
+def test_failed_runs_print_nothing(capfd):
+    """onnxruntime's own error log (red, on stderr) never reaches the terminal: a failed run's message goes into
+    the report instead — here the original's runs fail on independent sizes, then on the user's feeds."""
+    model = _with_opaque_total(Variant(past=True, mask="padding_int", k_layout="transpose_0132"))
+    egfuse.fuse(model, target="onnx")
+    result = egfuse.fuse(model, target="onnx", feeds=validate.make_feeds(model))
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    assert "does not run on the given feeds" in result.report.validation_note

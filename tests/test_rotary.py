@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import egfuse
-from egfuse import rotary
+from egfuse import rotary_tables
 from egfuse.load import default_opset
 from egfuse.testing import Variant, attention_model, feeds_for
 
@@ -77,7 +77,7 @@ def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
 def test_a_rotation_that_differs_is_rolled_back(monkeypatch, target):
     """Validation is the backstop: with the halves' proof forced on tables that do not repeat, the op computes
     something else; validation catches it, puts the rotations back and keeps the attention."""
-    monkeypatch.setattr(rotary, "_repeated_halves", lambda value, facts, depth: None)
+    monkeypatch.setattr(rotary_tables, "_repeated_halves", lambda value, facts, depth: None)
     model = attention_model(ROPE.replaced(rope_tables="inputs"))
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)

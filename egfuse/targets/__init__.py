@@ -7,6 +7,7 @@ touches nothing but a new module and :data:`TARGETS`.
 
 from __future__ import annotations
 
+from egfuse.errors import UnknownTargetError
 from egfuse.targets import npu, onnx, ort
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
 
@@ -20,7 +21,7 @@ def get_target(name: str | TargetSpec) -> TargetSpec:
     try:
         return TARGETS[name]
     except KeyError:
-        raise ValueError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
+        raise UnknownTargetError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
 
 
 def targets() -> dict[str, str]:

@@ -10,20 +10,24 @@ output is plain ONNX, validated on onnxruntime like every other target's."""
 
 from __future__ import annotations
 
-from egfuse.targets.spec import CostParams, FusedOp, TargetSpec
+from egfuse.targets.spec import GELU, NORM_OPS, CostParams, FusedOp, TargetSpec
 
 SHA = "SingleHeadAttention"
 """The report's name for the form (no such op is written: per-head MatMul, Add, Softmax, MatMul)."""
+PLAIN = {"broadcasts_batch": True, "dtypes": frozenset({"float32", "float16", "float64", "bfloat16"})}
+"""Rank-3 MatMuls broadcast a batch of 1, and plain ops run in whatever type the graph's own ops did."""
 
 SPEC = TargetSpec(
     name="npu",
     description="single-head attention (SHA) of plain rank-3 ops, for NPU toolchains; runs anywhere",
     ops=(
-        FusedOp("mha", SHA, "single_head", broadcasts_batch=True),  # rank-3 MatMuls broadcast a batch of 1
-        FusedOp("gqa", SHA, "single_head", broadcasts_batch=True),
-        FusedOp("mha_kv4", SHA, "single_head", efficiency=0.8, broadcasts_batch=True),  # K/V split on their head axis
-        FusedOp("attend", SHA, "single_head", efficiency=0.7, broadcasts_batch=True),  # Q too, heads unsqueezed
-        FusedOp("attend_z", SHA, "single_head", efficiency=0.7, broadcasts_batch=True),
+        FusedOp("mha", SHA, "single_head", **PLAIN),  # rank-3 MatMuls broadcast a batch of 1
+        FusedOp("gqa", SHA, "single_head", **PLAIN),
+        FusedOp("mha_kv4", SHA, "single_head", efficiency=0.8, **PLAIN),  # K/V split on their head axis
+        FusedOp("attend", SHA, "single_head", efficiency=0.7, **PLAIN),  # Q too, heads unsqueezed
+        FusedOp("attend_z", SHA, "single_head", efficiency=0.7, **PLAIN),
+        *NORM_OPS,
+        GELU,
     ),
     costs=CostParams(  # a compiled graph: little per node, much per layout change and per rank-4 op
         gflops=2000.0,

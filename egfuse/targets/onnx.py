@@ -7,19 +7,25 @@ rolled back by validation."""
 
 from __future__ import annotations
 
-from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
+from egfuse.targets.spec import GELU, NORM_OPS, STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
 
 MASK_NOTE = (
     "onnxruntime's standard Attention gives 0 for a query row masked entirely with -inf or finfo.min (the primitive "
     "ops give NaN, or the mean of V); select-mask fills are written one ulp above finfo.min to keep the mean, and "
     "validation checks padded inputs"
 )
-STANDARD = {"writer": "standard", "opset": STANDARD_ATTENTION_OPSET, "positive_scale": True, "mask_note": MASK_NOTE}
+STANDARD = {
+    "writer": "standard",
+    "opset": STANDARD_ATTENTION_OPSET,
+    "positive_scale": True,
+    "mask_note": MASK_NOTE,
+    "dtypes": frozenset({"float32", "float16", "float64"}),
+}
 
 SPEC = TargetSpec(
     name="onnx",
     description="standard ONNX Attention (opset 23), for any runtime that implements it",
-    ops=tuple(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")),
+    ops=(*(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")), *NORM_OPS, GELU),
     costs=CostParams(),
     requires_standard_opset=True,
 )

@@ -14,9 +14,9 @@ from importlib import resources
 
 from egfuse.targets.onnx import SPEC as ONNX
 from egfuse.targets.onnx import STANDARD
-from egfuse.targets.spec import FusedOp, TargetSpec
+from egfuse.targets.spec import BIAS_GELU, GELU_CONTRIB, NORM_OPS, SKIP_LAYER_NORM, FusedOp, TargetSpec
 
-CONTRIB = {"domain": "com.microsoft", "opset": 1}
+CONTRIB = {"domain": "com.microsoft", "opset": 1, "zero_scale_is_default": True}
 
 UNCALIBRATED = TargetSpec(
     name="ort",
@@ -26,6 +26,10 @@ UNCALIBRATED = TargetSpec(
         FusedOp("mha", "MultiHeadAttention", "multi_head", softcap=False, **CONTRIB),
         FusedOp("mha_kv4", "MultiHeadAttention", "multi_head", softcap=False, efficiency=0.9, **CONTRIB),
         *(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "gqa")),
+        *NORM_OPS,
+        SKIP_LAYER_NORM,
+        GELU_CONTRIB,
+        BIAS_GELU,
     ),
     costs=ONNX.costs,
     rule_families=("ort",),

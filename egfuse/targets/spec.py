@@ -13,16 +13,24 @@ from dataclasses import dataclass, field, replace
 STANDARD_ATTENTION_OPSET = 23
 """The default-domain opset that defines the standard ``Attention`` and ``RotaryEmbedding`` ops."""
 
-FUSED = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
-"""The language's fused constructors: one attention each, however a target writes it."""
+ATTENTION = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
+"""The language's attention constructors: one attention each, however a target writes it."""
 
-WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head"})
+LAYER_OPS = frozenset({"layer_norm", "skip_layer_norm", "rms_norm", "gelu", "bias_gelu"})
+"""The language's norm and activation constructors (:mod:`egfuse.rules.norms`, :mod:`egfuse.rules.gelu`)."""
+
+FUSED = ATTENTION | LAYER_OPS
+"""Every constructor a target writes as a fused op."""
+
+WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "norm", "gelu"})
 """How raising can write a fused constructor (:mod:`egfuse.writers`):
 
 * ``standard``    — the standard ``Attention`` op (opset 23), 4D or 3D inputs, grouped K/V heads native
 * ``multi_head``  — ``com.microsoft.MultiHeadAttention`` on the (B, S, N·H) query
 * ``packed_qkv``  — ``com.microsoft.Attention``: the three projections' weights concatenated into the op
 * ``single_head`` — plain rank-3 ops, one attention per head (SHA): what NPU toolchains compile well
+* ``norm``        — the standard ``LayerNormalization`` (opset 17) or ``RMSNormalization`` (23), last axis
+* ``gelu``        — ``Gelu`` (standard, opset 20, or ``com.microsoft``)
 """
 
 
@@ -43,6 +51,10 @@ class FusedOp:
     """Takes a soft-capped score (MultiHeadAttention has no softcap attribute)."""
     positive_scale: bool = False
     """Refuses a scale ≤ 0 (onnxruntime's standard op rejects it)."""
+    zero_scale_is_default: bool = False
+    """Reads a scale of 0 as "the default 1/√H" (the com.microsoft ops): a real scale of 0 cannot be written."""
+    dtypes: frozenset[str] = frozenset({"float32", "float16"})
+    """The element types onnxruntime has a kernel of this op for (numpy names; measured on its CPU provider)."""
     efficiency: float = 1.0
     """How much of the target's peak this op reaches (the cost model divides its work by it; calibrated)."""
     overhead_us: float = 0.0
@@ -56,6 +68,20 @@ class FusedOp:
     @property
     def label(self) -> str:
         return f"{self.domain}.{self.op}" if self.domain else self.op
+
+
+LAYER_NORM = FusedOp("layer_norm", "LayerNormalization", "norm", opset=17)
+RMS_NORM = FusedOp("rms_norm", "RMSNormalization", "norm", opset=STANDARD_ATTENTION_OPSET)
+NORM_OPS = (LAYER_NORM, RMS_NORM)
+"""Every target writes norms as the standard ops: onnxruntime has kernels for both, and NPU toolchains lower
+them themselves."""
+SKIP_LAYER_NORM = FusedOp("skip_layer_norm", "SkipLayerNormalization", "norm", domain="com.microsoft", opset=1)
+"""onnxruntime's residual sum and layer norm in one kernel."""
+GELU = FusedOp("gelu", "Gelu", "gelu", opset=20)
+GELU_CONTRIB = FusedOp("gelu", "Gelu", "gelu", domain="com.microsoft", opset=1)
+BIAS_GELU = FusedOp("bias_gelu", "BiasGelu", "gelu", domain="com.microsoft", opset=1)
+"""onnxruntime's own Gelu runs on a model at any opset (the standard one needs opset 20); its BiasGelu adds a
+projection's bias in the same kernel."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""Rewrite certificates: for each fused region, the rule applications that put the fused form into the region's
+e-class, iteration by iteration — the algebraic half of the region's proof (the numeric half is validation).
+
+egglog keeps no proofs, so the certificate is a rule-application log: the region is lowered alone into an
+e-graph of its own and saturated one iteration at a time under the target's rules, and after each iteration
+egglog is asked whether the written form (``mha``, ``attend`` …) is now a member of the class of the region's
+output. The log up to that iteration is the certificate: every rule named (``family.position``), with how
+often it matched. Rules that matched there but did not lead to the form are listed too (a match is not a use),
+so the log is a superset of the rewrite chain, never a subset.
+
+Regions that lower to the same terms (the layers of one model) share one saturation: lowering a region alone
+numbers its values in the same order, so equal command lists mean equal e-graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import egglog
+
+from egfuse.enodes import fields
+from egfuse.facts import GraphFacts
+from egfuse.lower import Lowerer
+from egfuse.regions import Region
+from egfuse.session import Session
+
+
+@dataclass
+class Certificate:
+    """How the region's output class came to hold ``form``: rule applications per saturation iteration."""
+
+    form: str
+    reached_at: int | None
+    """The iteration after which ``form`` was in the class (1-based); None: not within the iteration budget."""
+    steps: list[dict[str, int]] = field(default_factory=list)
+    """Rule name → matches, for iterations 1 … ``reached_at`` (all iterations run where it was not reached)."""
+
+    def totals(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            for name, count in step.items():
+                counts[name] = counts.get(name, 0) + count
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+    def to_json(self) -> dict:
+        return {"form": self.form, "reached_at": self.reached_at, "steps": self.steps, "rules": self.totals()}
+
+
+@dataclass(frozen=True)
+class LoweredRegion:
+    """A region lowered alone: its commands and the id of its output (``ref``)."""
+
+    commands: tuple[str, ...]
+    output: int
+
+
+class Certifier:
+    """Certificates for one search: lowering happens before any region is rewritten (:meth:`lower`), the
+    saturation when a region's form is known (:meth:`certify`), once per distinct lowering and form."""
+
+    def __init__(self, facts: GraphFacts, opset: int, ruleset: egglog.Ruleset, max_iterations: int) -> None:
+        self.facts, self.opset = facts, opset
+        self.ruleset, self.max_iterations = ruleset, max_iterations
+        self._done: dict[tuple[LoweredRegion, str], Certificate] = {}
+
+    def lower(self, region: Region) -> LoweredRegion:
+        names = _names()
+        lowerer = Lowerer(self.facts, names, self.opset)
+        lowerer.lower(region)
+        return LoweredRegion(tuple(lowerer.table.commands), lowerer.table.id_of(region.main_output))
+
+    def certify(self, lowered: LoweredRegion, form: str) -> Certificate:
+        key = (lowered, form)
+        if key not in self._done:
+            self._done[key] = self._saturate(lowered, form)
+        return self._done[key]
+
+    def _saturate(self, lowered: LoweredRegion, form: str) -> Certificate:
+        session = Session()
+        session.add(list(lowered.commands))
+        pattern = f"({session.names[form]} {' '.join(f'x{i}' for i in range(len(fields(form))))})"
+        member = f"(= ({session.names['ref']} {lowered.output}) {pattern})"
+        limit = session.size() * 8 + 1000
+        certificate = Certificate(form, None)
+        for iteration in range(1, self.max_iterations + 1):
+            stats = session.run(self.ruleset, max_iterations=1, max_enodes=limit, max_seconds=30.0)
+            certificate.steps.append({name: n for name, n in sorted(stats.rule_matches.items()) if n})
+            if session.holds(member):
+                certificate.reached_at = iteration
+                break
+            if stats.stop_reason != "iteration budget":  # saturated, or a budget hit: nothing more will come
+                break
+        return certificate
+
+
+_SESSION_NAMES: dict[str, str] = {}
+
+
+def _names() -> dict[str, str]:
+    """egglog's names of the language's functions: the same in every session (they come from the declarations)."""
+    if not _SESSION_NAMES:
+        _SESSION_NAMES.update(Session().names)
+    return _SESSION_NAMES

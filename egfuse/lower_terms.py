@@ -1,0 +1,138 @@
+"""What every part of lowering shares: the value ↔ id table, e-graph term text, and the facts stated on
+each e-class (dtype, rank, the dims rules compare, scalar values, weights, finiteness)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.dims import Dim, product
+from egfuse.facts import GraphFacts
+
+
+@dataclass
+class Lowered:
+    """The id ↔ value table shared by all regions lowered into one e-graph."""
+
+    values: list[ir.Value] = field(default_factory=list)
+    ids: dict[ir.Value, int] = field(default_factory=dict)
+    leaves: set[int] = field(default_factory=set)
+    commands: list[str] = field(default_factory=list)
+    cuts: dict[str, ir.Value] = field(default_factory=dict)
+    """A symbolic length → a graph value holding it (the Slice bound it came from), so a cut at it can be
+    written again."""
+
+    def id_of(self, value: ir.Value) -> int:
+        if value not in self.ids:
+            self.ids[value] = len(self.values)
+            self.values.append(value)
+        return self.ids[value]
+
+
+def quoted(s: object) -> str:
+    return '"' + str(s) + '"'
+
+
+def float_text(x: float) -> str:
+    text = repr(float(x))
+    return text if ("." in text or "e" in text or "inf" in text or "nan" in text) else text + ".0"
+
+
+def times(a: Dim | None, b: Dim | None) -> Dim | None:
+    return product((a, b))
+
+
+def axes_input(node: ir.Node, facts: GraphFacts) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = facts.const(node.inputs[1])
+        return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    attr = node.attributes.get("axes")
+    return None if attr is None else list(attr.value)
+
+
+class TermWriter:
+    """Writes one region's terms into the shared table; the op families' term writers
+    (:mod:`~egfuse.lower_layout`, :mod:`~egfuse.lower_pieces`) build on it."""
+
+    def __init__(self, facts: GraphFacts, names: dict[str, str], opset: int) -> None:
+        self.facts = facts
+        self.n = names
+        self.opset = opset
+        self.table = Lowered()
+        self._inside: set[ir.Value] = set()  # values computed inside the region being lowered
+
+    def _call(self, op: str, *args: str) -> str:
+        return f"({self.n[op]} {' '.join(args)})" if args else f"({self.n[op]})"
+
+    def _leaf(self, value: ir.Value) -> str:
+        i = self.table.id_of(value)
+        term = self._call("value", str(i))
+        if i not in self.table.leaves:
+            self.table.leaves.add(i)
+            self.table.commands.append(term)
+            self._facts(value, term, leaf=True)
+        return term
+
+    def _facts(self, value: ir.Value, term: str, leaf: bool) -> None:
+        cmds = self.table.commands
+        if value.dtype is not None:
+            cmds.append(f"(set ({self.n['dtype_of']} {term}) {int(value.dtype)})")
+        rank = self.facts.rank(value)
+        if rank is not None:
+            cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")
+        shape = self.facts.shape(value)
+        if rank is not None and shape is not None and len(shape) == rank:
+            if rank <= 2 or shape[-3] == Dim(1):
+                cmds.append(f"({self.n['head_invariant']} {term})")
+            if rank >= 3 and shape[-2] is not None:  # rows: a cache's length, where its probabilities are cut
+                cmds.append(f'(set ({self.n["dim_of"]} {term} -2) "{shape[-2]}")')
+            if rank == 4 and shape[1] is not None and shape[1].static is not None:
+                cmds.append(f"(set ({self.n['heads_of']} {term}) {shape[1].static})")
+        if rank == 4:  # heads and head size of a (B, N, S, H) tensor: what an op taking (B, S, N·H) needs
+            for axis in (1, 3):
+                if shape[axis] is not None and shape[axis].static is not None:
+                    cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis].static}")')
+        elif rank == 3:  # the merged (B·N) batch of 3D attention: equal strings prove equal sizes
+            first = shape[0]
+            if first is not None:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} 0) "{first}")')
+            last = shape[2]  # the head size of a (B, S, H) single head
+            if last is not None and last.static is not None:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
+        if not leaf:
+            return
+        scalar = self.facts.scalar(value)
+        if scalar is not None and not math.isnan(scalar):  # ±inf are kept: −inf is the usual mask fill
+            cmds.append(f"(set ({self.n['scalar_of']} {term}) {float_text(scalar)})")
+        const = self.facts.weight(value)
+        if const is not None:
+            cmds.append(f"({self.n['is_weight']} {term})")
+            for axis in (-1, -2)[: const.ndim]:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
+        if const is not None and np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)):
+            cmds.append(f"({self.n['finite']} {term})")
+
+    def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
+        if value is None:
+            return None
+        if value in inside and self.facts.const(value) is None and not self._is_stored_weight(value):
+            return self._call("ref", str(self.table.id_of(value)))
+        return self._leaf(value)
+
+    def _is_stored_weight(self, value: ir.Value) -> bool:
+        """A weight behind Identity/Transpose: a leaf, so projections see it as the constant it is."""
+        node = value.producer()
+        return node is not None and node.op_type in ("Identity", "Transpose") and self.facts.weight(value) is not None
+
+    def _is_constant(self, value: ir.Value | None) -> bool:
+        return value is not None and (self.facts.const(value) is not None or value.const_value is not None)
+
+    def _elements(self, value: ir.Value) -> tuple[Dim | None, ...] | None:
+        """A 1-D int tensor's elements as dims: constants, or sizes read off shapes (``Shape(k)[2]``)."""
+        const = self.facts.const(value)
+        if const is not None and np.issubdtype(const.dtype, np.integer):
+            return tuple(Dim(int(v)) for v in const.reshape(-1))
+        return self.facts.elems(value)

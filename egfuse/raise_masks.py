@@ -1,0 +1,144 @@
+"""The mask a fused op gets: the graph's additive mask broadcast to (…, S, T), its select fills written so
+every kernel computes what the primitive ops did (a fully masked row stays the mean of V), and finfo.min
+entries moved one ulp up for the standard op, which reads them as −inf."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from egfuse.dims import Dim
+from egfuse.enodes import view
+from egfuse.extract import Choice
+from egfuse.facts import GraphFacts
+from egfuse.node_builder import NodeBuilder
+from egfuse.session import EClass
+
+_LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
+"""finfo.min of each float type, as the f64 a fill is kept as in the e-graph."""
+
+
+class MaskWriter(NodeBuilder):
+    """The mask part of :class:`~egfuse.raise_.Emitter` (which supplies the chosen terms and their values)."""
+
+    choice: dict[EClass, Choice]
+    facts: GraphFacts
+    exact_fills: set[EClass]
+
+    def value(self, cid: EClass) -> ir.Value:
+        raise NotImplementedError
+
+    def leaf_value(self, cid: EClass) -> ir.Value | None:
+        raise NotImplementedError
+
+    def bias(
+        self,
+        cid: EClass,
+        query: ir.Value,
+        key: ir.Value,
+        q_axis: int,
+        k_axis: int,
+        key_length: tuple[ir.Value, Dim | None] | None = None,
+    ) -> ir.Value | None:
+        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting.
+        ``key_length`` overrides T (the value to read it from, and its dim where known; read from ``key``'s
+        shape otherwise). The mask goes as it is only where its last two dims are provably S and T: a mask
+        (B, 1, 1, T) of a decode step traced at one token keeps the name ``sequence`` for its query axis while
+        the op's query axis is the grouped heads (transformers' GQA written as Q (B, N_kv, N/N_kv, H))."""
+        if self.choice[cid].node.op == "no_bias":
+            return None
+        self.mark_exact_fills(cid)
+        mask = self.value(cid)
+        known = self.facts.shape(self.leaf_value(cid))  # None for a term the rules built
+        s_dim = _axis_dim(self.facts.shape(query), q_axis)
+        t_dim = key_length[1] if key_length is not None else _axis_dim(self.facts.shape(key), k_axis)
+        if known is not None and len(known) == 4 and None not in (s_dim, t_dim) and known[2:] == (s_dim, t_dim):
+            return mask
+        ones = self.const(np.array([1, 1], np.int64), "ones")
+        s = self.shape(query, q_axis, q_axis + 1)
+        t = key_length[0] if key_length is not None else self.shape(key, k_axis, k_axis + 1)
+        target = self.node("Concat", [ones, s, t], {"axis": 0})
+        return self.node("Expand", [mask, target], like=mask)
+
+    def mark_exact_fills(self, cid: EClass) -> None:
+        """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of
+        fills alone.
+
+        ``S + Where(m, b, F)`` and ``S + (Where(m, 0, F) + b)`` are the graph's select masks exactly in float32
+        for F = finfo.min: where m is false they give F + b or F (−inf where b = finfo.min too; S + F rounds
+        to F for any |S| < 2^103). With F moved one ulp up that no longer holds next to a term b that holds
+        finfo.min: an entry S + finfo.min = finfo.min falls below the moved fill, so a left-padded causal row
+        (GPT-2/GPT-Neo eager: causal ``Where``, then ``(1 − m)·finfo.min``) put all its weight on the keys the
+        fill masked instead of spreading it over both. A mask of fills alone may be moved: every masked entry
+        of a row moves with it."""
+        fills: list[EClass] = []
+        stack, seen, fills_only = [cid], set(), True
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            node = self.choice[current].node
+            if node.op == "full_like":
+                fills.append(current)
+            elif node.op == "where":  # the condition is not a mask value
+                stack.extend((view(node).a, view(node).b))
+            elif node.op in ("add", "sub", "mul", "div"):
+                stack.extend(node.children)
+            else:
+                fills_only = False
+        if not fills_only:
+            self.exact_fills.update(fills)
+
+    def finite_mask(self, bias: EClass, mask: ir.Value | None) -> ir.Value | None:
+        """``mask`` with its entries equal to finfo.min moved one ulp up, for onnxruntime's standard
+        ``Attention``: it reads such an entry as −inf (a row masked entirely that way gives 0), where the graph
+        adds it to a score and gets finfo.min, finite and tied with the row's other masked entries (a
+        left-padded query row under a causal mask is uniform over them). Masks that cannot hold finfo.min —
+        select fills this emitter wrote (:func:`mask_fill`), constants without it — are left as they are."""
+        if mask is None or mask.dtype is None or not self._may_hold_lowest(bias):
+            return mask
+        dtype = np.dtype(mask.dtype.numpy())
+        if not np.issubdtype(dtype, np.floating):
+            return mask
+        lowest = np.finfo(dtype).min
+        is_lowest = self.node("Equal", [mask, self.const(np.array(lowest, dtype), "lowest")])
+        above = self.const(np.array(np.nextafter(lowest, dtype.type(0)), dtype), "fill")
+        return self.node("Where", [is_lowest, above, mask], like=mask)
+
+    def _may_hold_lowest(self, cid: EClass) -> bool:
+        node = self.choice[cid].node
+        if node.op == "full_like":  # written exactly when summed (a lowest fill moved otherwise)
+            return cid in self.exact_fills and float(view(node).fill) in _LOWEST
+        if node.op == "no_bias":
+            return False
+        if node.op == "where":  # the condition is not a mask value
+            return any(self._may_hold_lowest(c) for c in (view(node).a, view(node).b))
+        if node.op == "add":
+            return any(self._may_hold_lowest(c) for c in node.children)
+        leaf = self.leaf_value(cid)
+        array = self.facts.const(leaf) if leaf is not None else None
+        if array is not None and np.issubdtype(array.dtype, np.floating):
+            return bool((array == np.finfo(array.dtype).min).any())
+        return True
+
+
+def mask_fill(fill: float, dtype: np.dtype) -> float:
+    """The number to write for a select mask's fill so every kernel computes what the graph did.
+
+    onnxruntime's standard ``Attention`` reads a mask entry equal to ``lowest`` (finfo.min) as −inf and gives 0
+    for a query row masked entirely that way, where the primitive ops give the mean of V. One ulp above
+    ``lowest`` means the same to the graph's algebra (added to any score it still rounds to the fill itself, so a
+    fully masked row stays uniform) and to every kernel, so every target gets that — for a mask made of fills
+    alone: next to another term that may hold ``lowest`` (a padding mask) the moved fill would break their tie,
+    so the emitter writes the fill as it is there (:meth:`Emitter.mark_exact_fills`) and the standard op gets
+    the whole mask moved instead (:meth:`Emitter.finite_mask`)."""
+    lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
+    if lowest is not None and fill == float(lowest):
+        return float(np.nextafter(lowest, dtype.type(0)))
+    return fill
+
+
+def _axis_dim(shape: tuple[Dim | None, ...] | None, axis: int) -> Dim | None:
+    """The dim at ``axis`` of a known shape (``None`` where the shape, or that dim, is unknown)."""
+    return None if shape is None or not -len(shape) <= axis < len(shape) else shape[axis]

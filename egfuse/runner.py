@@ -1,0 +1,142 @@
+"""Running models on onnxruntime for validation: quiet sessions (errors come back as exceptions, never
+printed), large models loaded from a file so their weights are mapped, extra outputs for region values, and the
+feeds the original runs on.
+
+The settings of the ``fuse()`` call under way (tolerances, providers) live here too, so every run reads them
+from one place.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from egfuse import memory, protos
+from egfuse.inputs import long_dims, make_feeds, related_bindings
+
+__all__ = ["DEFAULTS", "Settings", "current", "original_outputs", "run", "session", "using", "with_outputs"]
+
+ATOL = 1e-4
+RTOL = 1e-3
+HALF_TOLERANCE = 1e-2
+"""float16/bfloat16 outputs without a float32 reference: ~10 ulps of float16 (absolute and relative)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How validation runs and judges: the float32 tolerances and onnxruntime's execution providers."""
+
+    atol: float = ATOL
+    rtol: float = RTOL
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+
+DEFAULTS = Settings()
+_SETTINGS: ContextVar[Settings | None] = ContextVar("egfuse_validation_settings", default=None)
+"""The settings of the ``fuse()`` call under way (:func:`using`); :data:`DEFAULTS` otherwise."""
+
+
+def current() -> Settings:
+    return _SETTINGS.get() or DEFAULTS
+
+
+@contextmanager
+def using(settings: Settings | None) -> Iterator[None]:
+    """Validation inside the block runs and judges by ``settings`` (the defaults where None)."""
+    token = _SETTINGS.set(settings)
+    try:
+        yield
+    finally:
+        _SETTINGS.reset(token)
+
+
+def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = None) -> ort.InferenceSession:
+    """A plain CPU session. A model made from a large model's skeleton (``weights``) is loaded from a file
+    beside its weights, which onnxruntime maps rather than copies; a large model given whole is written to
+    such a file first."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # errors come back as exceptions, into the report: none printed
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if weights is None and not protos.is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=list(current().providers))
+    # Weight-sized temporaries (an LLM's transposed lm_head: 2 GB) are freed as soon as they are read rather
+    # than kept by the arena: measured on onnxscript's phi4 model, 3 GB less at the peak.
+    options.enable_cpu_mem_arena = False
+    if weights is not None:
+        return _session_from_file(weights.model_file(model), options)
+    with tempfile.TemporaryDirectory(prefix="egfuse-validate-", ignore_cleanup_errors=True) as workdir:
+        return _session_from_file(protos.save_with_external_data(model, Path(workdir) / "model.onnx"), options)
+
+
+def _session_from_file(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), options, providers=list(current().providers))
+    finally:
+        path.unlink()  # the session has read the graph; its weights stay mapped from the data file
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also returns the named intermediate values."""
+    extra = onnx.ModelProto()
+    extra.CopyFrom(model)
+    present = {o.name for o in extra.graph.output}
+    for name in names:
+        if name not in present:
+            extra.graph.output.append(onnx.ValueInfoProto(name=name))
+    return extra
+
+
+def run(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    outputs: list[str] | None = None,
+    *,
+    weights: protos.DetachedWeights | None = None,
+) -> dict[str, np.ndarray]:
+    probe = with_outputs(model, outputs) if outputs else model
+    sess = session(probe, weights)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def original_outputs(
+    original: onnx.ModelProto,
+    feeds: dict[str, np.ndarray] | None,
+    names: list[str],
+    *,
+    weights: protos.DetachedWeights | None = None,
+    budget: int | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The feeds validation uses and the original's outputs on them. The user's feeds are used as they are
+    (never another binding: the user said what the model runs on); generated feeds are tried with dims bound
+    independently, then longer ones (:func:`long_dims`: a speech front end), then the related bindings
+    (:func:`related_bindings`: a cache's lengths) — the first the original runs on within the memory ``budget``
+    is kept. Raises the first failure when none runs (:class:`~egfuse.memory.OverBudget` where that was the
+    memory)."""
+    mapped = weights is not None
+
+    def attempt(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        memory.check(original, data, budget, weights_mapped=mapped)
+        return run(original, data, names, weights=weights)
+
+    if feeds is not None:
+        return feeds, attempt(feeds)
+    data = make_feeds(original)
+    try:
+        return data, attempt(data)
+    except Exception as first:
+        for dims in [long_dims(original, 80), *related_bindings(original)]:
+            data = make_feeds(original, dims=dims)
+            try:
+                return data, attempt(data)
+            except Exception:  # the next binding is tried; the first error is the one reported
+                continue
+        raise first

@@ -1,0 +1,58 @@
+"""Build attention subgraphs in any of the spellings exporters use — for tests, fuzzing and bug reports.
+
+``attention_model(Variant(...))`` writes one self-attention block (projections → heads → scores → mask →
+softmax → @V → merged heads) as plain ONNX ops, with each spelling choice independent of the others. The
+hypothesis strategy ``variants()`` draws those choices at random, so users can fuzz their own rules the
+way egfuse's property tests do.
+
+:mod:`~egfuse.testing.variant` holds the axes and :class:`Variant`; :mod:`~egfuse.testing.model` writes the
+block from :mod:`~egfuse.testing.blocks` and :mod:`~egfuse.testing.rope`; :mod:`~egfuse.testing.feeds` and
+:mod:`~egfuse.testing.functions` give inputs and the dynamo exporter's function-wrapped form.
+"""
+
+from egfuse.testing.feeds import feeds_for
+from egfuse.testing.functions import default_opset_of, in_functions
+from egfuse.testing.model import attention_model
+from egfuse.testing.variant import (
+    CACHE_READS,
+    CAUSAL,
+    CONCATS,
+    DROPOUTS,
+    DTYPES,
+    HEAD_LAYOUTS,
+    K_LAYOUTS,
+    MASKS,
+    MATMULS,
+    QDQ,
+    QUERY_BIASES,
+    ROPE_TABLES,
+    SCALES,
+    SOFTCAP,
+    SOFTCAPS,
+    Variant,
+    variants,
+)
+
+__all__ = [
+    "CACHE_READS",
+    "CAUSAL",
+    "CONCATS",
+    "DROPOUTS",
+    "DTYPES",
+    "HEAD_LAYOUTS",
+    "K_LAYOUTS",
+    "MASKS",
+    "MATMULS",
+    "QDQ",
+    "QUERY_BIASES",
+    "ROPE_TABLES",
+    "SCALES",
+    "SOFTCAP",
+    "SOFTCAPS",
+    "Variant",
+    "attention_model",
+    "default_opset_of",
+    "feeds_for",
+    "in_functions",
+    "variants",
+]

@@ -1,0 +1,132 @@
+"""Wider references: the same graph computed in float32 (for half-precision models) or float64 (for float32
+ones), to judge a fused op against the exact answer where the original's own rounding decides the outcome.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+
+from egfuse import memory, protos
+from egfuse.runner import run
+
+__all__ = ["HALF_TYPES", "references", "upcast", "upcast_feeds"]
+
+HALF_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
+def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """The same graph computed wider: every float16/bfloat16 tensor, type and cast target widened to float32
+    (``to=DOUBLE``: float32 ones too, to float64).
+
+    The reference that outputs are judged against where the primitive ops' own rounding decides the answer
+    (half precision; a query row whose keys a finite fill hides): a fused op rounds differently from the
+    primitive ops, so the question is not "are they equal" but "is the fused model no further from the
+    exact result than the original is"."""
+    narrow = HALF_TYPES | ({onnx.TensorProto.FLOAT} if to == onnx.TensorProto.DOUBLE else set())
+    wide_type = onnx.helper.tensor_dtype_to_np_dtype(to)
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graph = wide.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.tensor_type.elem_type in narrow:
+            info.type.tensor_type.elem_type = to
+
+    def widen(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type in narrow:
+            array = onnx.numpy_helper.to_array(tensor).astype(wide_type)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))
+
+    for tensor in graph.initializer:
+        widen(tensor)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                widen(attr.t)
+            elif attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i in narrow:
+                attr.i = to
+    return wide
+
+
+def upcast_feeds(feeds: dict[str, np.ndarray], to: type = np.float32) -> dict[str, np.ndarray]:
+    """The feeds for :func:`upcast`'s copy: half-precision arrays widened (``to=np.float64``: float32 too)."""
+    narrow = (np.float16, np.float32) if to == np.float64 else (np.float16,)
+    return {k: v.astype(to) if v.dtype in narrow else v for k, v in feeds.items()}
+
+
+def references(
+    original: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    expected: dict[str, np.ndarray],
+    names: list[str],
+    *,
+    weights: protos.DetachedWeights | None = None,
+    budget: int | None = None,
+    float32_too: bool = False,
+) -> dict[str, np.ndarray]:
+    """Float32 references for the half-precision outputs among ``expected`` (``float32_too``: float64 ones for
+    the float32 outputs as well). Empty when there are none, when the widened model does not run or would go
+    over the memory ``budget``, or for a model past protobuf's limit, whose weights a widened copy would
+    double: then the fixed tolerances apply. A smaller model whose weights were kept apart (``weights``) is
+    widened from a copy with them inline."""
+    if weights is not None and weights.large:
+        return {}
+    narrowest = 32 if float32_too else 16
+    if not any(np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= narrowest for v in expected.values()):
+        return {}
+    if weights is not None:
+        whole = onnx.ModelProto()
+        whole.CopyFrom(original)
+        original = weights.restore(whole)
+    to, feed_type = (onnx.TensorProto.DOUBLE, np.float64) if float32_too else (onnx.TensorProto.FLOAT, np.float32)
+    try:
+        widened, data = upcast(original, to=to), upcast_feeds(feeds, feed_type)
+        for i, node in enumerate(widened.graph.node):  # onnxruntime names the node it has no kernel for
+            node.name = node.name or f"_egfuse_node_{i}"
+        memory.check(widened, data, budget, weights_mapped=False)
+        for _ in range(NARROWED_NODES):
+            try:
+                return run(widened, data, names)
+            except Exception as err:  # an op without a float64 kernel (AveragePool, Erf): run it in float32
+                missing = _NO_KERNEL.search(str(err))
+                if not float32_too or missing is None:
+                    raise
+                widened = _in_float32(widened, missing.group(1))
+    except Exception:  # the widened model does not run: fall back to the fixed tolerance
+        pass
+    return {}
+
+
+NARROWED_NODES = 8
+"""Nodes a float64 reference may compute in float32 (ops onnxruntime has no double kernel for): the rest of
+the graph stays wide."""
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for \S+ node with name '([^']*)'")
+
+
+def _in_float32(model: onnx.ModelProto, node_name: str) -> onnx.ModelProto:
+    """``model`` with the named node computed in float32: its float64 inputs cast down, its outputs back up."""
+    typed = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*typed.graph.value_info, *typed.graph.input]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    double = onnx.TensorProto.DOUBLE
+    nodes = list(model.graph.node)
+    index = next(i for i, n in enumerate(nodes) if n.name == node_name)
+    node = onnx.NodeProto()
+    node.CopyFrom(nodes[index])
+    before, after = [], []
+    for i, name in enumerate(node.input):
+        if name and types.get(name) == double:
+            node.input[i] = f"{name}__f32_{index}"
+            before.append(onnx.helper.make_node("Cast", [name], [node.input[i]], to=onnx.TensorProto.FLOAT))
+    for i, name in enumerate(node.output):
+        if name and types.get(name, double) == double:
+            node.output[i] = f"{name}__f32_{index}"
+            after.append(onnx.helper.make_node("Cast", [node.output[i]], [name], to=double))
+    narrowed = onnx.ModelProto()
+    narrowed.CopyFrom(model)
+    del narrowed.graph.node[:]
+    narrowed.graph.node.extend([*nodes[:index], *before, node, *after, *nodes[index + 1 :]])
+    return narrowed

@@ -1,0 +1,112 @@
+"""Peak memory of ``egfuse optimize`` on models whose weights live in an external-data file, against the
+weights' size: the goal of issue 18 is a peak of about the model's size + 1 GB or less.
+
+Each model is one attention block from egfuse's own generator at a width that gives the wanted weight size
+(four ``hidden × hidden`` float32 projections), saved with its weights beside it; ``egfuse optimize`` runs in
+a child process, with and without validation, and its peak resident memory is read from the kernel
+(``wait4``'s ``ru_maxrss``). A Python interpreter with egfuse, egglog, onnx and onnxruntime imported holds
+about 0.3 GB before it reads anything; that is counted.
+
+    python experiments/bench_memory.py            # ~1 min on 2 cores, 4 GB of disk in the temp dir
+
+Writes results/memory.json (``runs``: weights_gb, validate, peak_gb, peak_over_weights_gb) and
+results/memory.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from egfuse.testing import Variant, attention_model  # noqa: E402
+
+RESULTS = HERE / "results"
+GB = 1 << 30
+
+
+def build(folder: Path, heads: int) -> tuple[Path, float]:
+    """One block with ``heads`` heads of 128 features, its weights in ``model.onnx.data``."""
+    model = attention_model(Variant(heads=heads, head_dim=128, k_layout="transpose_0132"))
+    path = folder / f"block_{heads}.onnx"
+    onnx.save_model(model, path, save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
+    del model
+    return path, (path.parent / f"{path.name}.data").stat().st_size / GB
+
+
+def peak(argv: list[str]) -> tuple[float, int, float]:
+    """Run ``argv``; its peak resident memory in GB, exit code and seconds."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    error = process.stderr.read().decode() if process.stderr else ""
+    if process.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(argv)} failed: {error[-400:]}")
+    return usage.ru_maxrss * 1024 / GB, process.returncode, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, nargs="+", default=[32, 64], help="widths: heads of 128 (32, 64)")
+    args = parser.parse_args(argv)
+    runs = []
+    baseline, _, _ = peak([sys.executable, "-c", "import egfuse, egglog, onnxruntime, onnx_ir"])
+    with tempfile.TemporaryDirectory(prefix="egfuse-bench-memory-") as name:
+        folder = Path(name)
+        for heads in args.heads:
+            model, weights = build(folder, heads)
+            for validate in (True, False):
+                out = folder / "fused.onnx"
+                cli = [sys.executable, "-m", "egfuse", "optimize", str(model), "-o", str(out), "-q"]
+                gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
+                runs.append(
+                    {
+                        "heads": heads,
+                        "weights_gb": round(weights, 3),
+                        "validate": validate,
+                        "exit": code,
+                        "peak_gb": round(gb, 3),
+                        "peak_over_weights_gb": round(gb - weights, 3),
+                        "peak_per_weight": round(gb / weights, 2),
+                        "seconds": round(seconds, 1),
+                    }
+                )
+                print(runs[-1], flush=True)
+                for leftover in folder.glob("fused.onnx*"):
+                    leftover.unlink()
+            for leftover in folder.glob(f"{model.name}*"):
+                leftover.unlink()
+    summary = {"interpreter_gb": round(baseline, 3), "runs": runs, "command": "python experiments/bench_memory.py"}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "memory.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [
+        "# Peak memory of `egfuse optimize` on models with external weights",
+        "",
+        f"`{summary['command']}`; an interpreter with egfuse's imports holds {baseline:.2f} GB before reading.",
+        "",
+        "| weights (GB) | validation | peak (GB) | peak − weights (GB) | peak / weights | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['weights_gb']:.2f} | {'on' if r['validate'] else 'off'} | {r['peak_gb']:.2f} | "
+            f"{r['peak_over_weights_gb']:.2f} | {r['peak_per_weight']:.2f} | {r['seconds']} |"
+        )
+    (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Validation keeps to a memory budget: what a run would hold is estimated before it runs, and a model over
+the budget is reported as not validated — nothing applied, the report naming the largest value — instead of
+running out of memory."""
+
+from __future__ import annotations
+
+import onnx
+
+import egfuse
+from egfuse import memory
+from egfuse.search import Budgets
+from egfuse.testing import Variant, attention_model, feeds_for
+
+MIB = 1 << 20
+
+
+def _static(model: onnx.ModelProto, seq: int) -> onnx.ModelProto:
+    """``model`` with its symbolic sequence length fixed at ``seq`` (a model exported with a huge static length)."""
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "seq":
+                dim.ClearField("dim_param")
+                dim.dim_value = seq
+    return model
+
+
+def test_the_estimate_counts_the_score_tensors():
+    model = _static(attention_model(Variant(heads=2)), 1024)
+    found = memory.estimate(model, feeds_for(model))
+    assert found.bytes >= 2 * 2 * 1024 * 1024 * 4  # (B, N, S, S) float32 scores
+    assert "[2, 2, 1024, 1024]" in found.largest
+
+
+def test_a_model_over_the_budget_is_not_validated_and_left_unchanged():
+    model = _static(attention_model(Variant(heads=2)), 1024)
+    result = egfuse.fuse(model, budgets=Budgets(validation_bytes=16 * MIB))
+    assert result.report.validated is None and result.report.fused == 0
+    note = result.report.validation_note
+    assert "over the validation memory budget of 16.0 MiB" in note and "[2, 2, 1024, 1024]" in note
+    assert result.model is model or result.model == model
+
+
+def test_user_feeds_over_the_budget_are_refused_too():
+    model = attention_model(Variant(heads=2))
+    feeds = feeds_for(model, seq=1024)
+    result = egfuse.fuse(model, feeds=feeds, budgets=Budgets(validation_bytes=16 * MIB))
+    assert result.report.validated is None and "memory budget" in result.report.validation_note
+
+
+def test_the_default_budget_validates_ordinary_models():
+    model = attention_model(Variant(heads=2))
+    assert egfuse.fuse(model).report.validated is True
+    assert memory.DEFAULT_BUDGET_BYTES == 4 << 30
