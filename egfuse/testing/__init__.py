@@ -7,13 +7,16 @@ way egfuse's property tests do.
 
 :mod:`~egfuse.testing.variant` holds the axes and :class:`Variant`; :mod:`~egfuse.testing.model` writes the
 block from :mod:`~egfuse.testing.blocks` and :mod:`~egfuse.testing.rope`; :mod:`~egfuse.testing.feeds` and
-:mod:`~egfuse.testing.functions` give inputs and the dynamo exporter's function-wrapped form.
+:mod:`~egfuse.testing.functions` give inputs and the dynamo exporter's function-wrapped form;
+:mod:`~egfuse.testing.agree` judges any optimizer's output against the original as egfuse's validation does.
 """
 
+from egfuse.testing.agree import disagreements
 from egfuse.testing.feeds import feeds_for
 from egfuse.testing.functions import default_opset_of, in_functions
 from egfuse.testing.model import attention_model
 from egfuse.testing.variant import (
+    AXES,
     CACHE_READS,
     CAUSAL,
     CONCATS,
@@ -30,10 +33,12 @@ from egfuse.testing.variant import (
     SOFTCAP,
     SOFTCAPS,
     Variant,
+    canonical,
     variants,
 )
 
 __all__ = [
+    "AXES",
     "CACHE_READS",
     "CAUSAL",
     "CONCATS",
@@ -51,7 +56,9 @@ __all__ = [
     "SOFTCAPS",
     "Variant",
     "attention_model",
+    "canonical",
     "default_opset_of",
+    "disagreements",
     "feeds_for",
     "in_functions",
     "variants",

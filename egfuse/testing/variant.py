@@ -3,6 +3,7 @@ space — with the hypothesis strategy that draws them and the repair that makes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom", "none")
@@ -235,45 +236,88 @@ def _compatible(choices: dict) -> dict:
     return c
 
 
+AXES: dict[str, tuple] = {
+    "scale": SCALES,
+    "k_layout": K_LAYOUTS,
+    "mask": MASKS,
+    "guard": (False, True),
+    "commuted": (False, True),
+    "proj_bias": (False, True),
+    "heads": (1, 2, 4),
+    "head_dim": (8, 16, 32, 64, 128),
+    "symbolic": (False, True),
+    "causal": CAUSAL,
+    "kv_heads": (None, 1, 2),
+    "cross": (False, True),
+    "dtype": DTYPES,
+    "past": (False, True),
+    "cache_read": CACHE_READS,
+    "rope": (False, True),
+    "rope_tables": ROPE_TABLES,
+    "rope_partial": (False, True),
+    "rope_interleaved": (False, True),
+    "rope_seq_first": (False, True),
+    "concat": CONCATS,
+    "position_bias": (False, True),
+    "softcap": SOFTCAPS,
+    "heads_layout": HEAD_LAYOUTS,
+    "baddbmm": (False, True),
+    "einsum": (False, True),
+    "clamp": (False, True),
+    "query_bias": QUERY_BIASES,
+    "qdq": QDQ[:2],
+    "matmul": MATMULS,
+    "dropout": DROPOUTS,
+    "text_dims": (False, True),
+}
+"""Every axis the generator draws, with its values (the seed aside): the spelling space is their product, with
+what cannot combine repaired (:func:`_compatible`). ``qdq='probs'`` is a near miss (no fused op rounds its
+probabilities), not a spelling of attention; ``head_dim`` is a size, not a spelling."""
+
+SIZE_AXES = ("head_dim",)
+"""Axes that change sizes, not the spelling."""
+
+
+def canonical(choices: dict) -> Variant | None:
+    """The variant these choices spell if they are its one canonical form, else None: nothing the repair would
+    change, nothing that cannot combine, and no choice the rest makes meaningless set off its default (the
+    RoPE table forms without RoPE, the cache's reading without a cache, kv heads equal to the heads). Each
+    spelling has exactly one canonical form, so counting and sampling canonical forms counts and samples
+    spellings."""
+    default = _defaults()
+    c = {**default, **choices}
+    if _compatible(c) != c:
+        return None
+    if not c["rope"] and any(c[k] != default[k] for k in _ROPE_ONLY):
+        return None
+    if not c["past"] and c["cache_read"] != default["cache_read"]:
+        return None
+    if c["kv_heads"] is not None and c["kv_heads"] == c["heads"]:
+        return None
+    try:
+        return Variant(**c)
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _defaults() -> dict:
+    return asdict(Variant())
+
+
+_ROPE_ONLY = ("rope_tables", "rope_partial", "rope_interleaved", "rope_seq_first", "concat")
+
+
 def variants():  # pragma: no cover - exercised by the property tests
-    """A hypothesis strategy over :class:`Variant` (imported lazily: hypothesis is a test dependency)."""
+    """A hypothesis strategy over :class:`Variant` (imported lazily: hypothesis is a test dependency). Draws
+    each axis of :data:`AXES` independently — MHA twice as often as each of GQA and MQA — and repairs."""
     from hypothesis import strategies as st
 
-    choices = st.fixed_dictionaries(
-        {
-            "scale": st.sampled_from(SCALES),
-            "k_layout": st.sampled_from(K_LAYOUTS),
-            "mask": st.sampled_from(MASKS),
-            "guard": st.booleans(),
-            "commuted": st.booleans(),
-            "proj_bias": st.booleans(),
-            "heads": st.sampled_from([1, 2, 4]),
-            "head_dim": st.sampled_from([8, 16, 32, 64, 128]),
-            "symbolic": st.booleans(),
-            "causal": st.sampled_from(CAUSAL),
-            "kv_heads": st.sampled_from([None, None, 1, 2]),
-            "cross": st.booleans(),
-            "dtype": st.sampled_from(DTYPES),
-            "past": st.booleans(),
-            "cache_read": st.sampled_from(CACHE_READS),
-            "rope": st.booleans(),
-            "rope_tables": st.sampled_from(ROPE_TABLES),
-            "rope_partial": st.booleans(),
-            "rope_interleaved": st.booleans(),
-            "rope_seq_first": st.booleans(),
-            "concat": st.sampled_from(CONCATS),
-            "position_bias": st.booleans(),
-            "softcap": st.sampled_from(SOFTCAPS),
-            "heads_layout": st.sampled_from(HEAD_LAYOUTS),
-            "baddbmm": st.booleans(),
-            "einsum": st.booleans(),
-            "clamp": st.booleans(),
-            "query_bias": st.sampled_from(QUERY_BIASES),
-            "qdq": st.sampled_from(QDQ[:2]),
-            "matmul": st.sampled_from(MATMULS),
-            "dropout": st.sampled_from(DROPOUTS),
-            "text_dims": st.booleans(),
-            "seed": st.integers(0, 2**16),
-        }
-    )
+    def axis(name: str, values: tuple):
+        if name == "kv_heads":
+            return st.sampled_from([None, None, 1, 2])
+        return st.booleans() if values == (False, True) else st.sampled_from(list(values))
+
+    strategies = {name: axis(name, values) for name, values in AXES.items()}
+    choices = st.fixed_dictionaries({**strategies, "seed": st.integers(0, 2**16)})
     return choices.map(lambda c: Variant(**_compatible(c)))

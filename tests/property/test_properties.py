@@ -15,7 +15,7 @@ from onnx import helper
 
 import egfuse
 from egfuse import validate
-from egfuse.testing import SOFTCAP, Variant, attention_model, feeds_for, in_functions, variants
+from egfuse.testing import SOFTCAP, Variant, attention_model, disagreements, feeds_for, in_functions, variants
 
 from ..conftest import fused_op_count, topologically_sorted
 
@@ -248,37 +248,14 @@ def test_validated_means_correct_on_fresh_mask_feeds(variant, target):
     """No false pass: what egfuse's own validation (generated feeds, masks exercised) keeps fused matches the
     original on feeds it never saw — another batch and length, and each of their mask-exercising sets (heavy
     padding on both sides, random masks, a batch row masked entirely, a float mask written additively),
-    judged as validation judges: NaN where the original defines nothing; against a wider evaluation where
-    rounding decides; in half precision, finite values on the mask sets (a row whose every key a finite fill
-    hides is the fill's rounding) and float32 copies of both models agreeing there."""
+    judged as validation judges (``egfuse.testing.disagreements``): NaN where the original defines nothing;
+    against a wider evaluation where rounding decides; in half precision, finite values (a row whose every key
+    a finite fill hides is the fill's rounding: left padding under a causal mask makes them in these feeds)
+    and float32 copies of both models agreeing."""
     model = attention_model(variant)
     result = egfuse.fuse(model, target=target)
     if result.report.validated is not True:
         return  # rolled back or not validated: nothing was claimed
     fresh = feeds_for(model, seed=variant.seed + 7, batch=3, seq=6, left_padding=True)
-    half = variant.dtype != "float32"
-    for label, feeds in {"fresh": fresh, **validate.mask_feed_sets(fresh)}.items():
-        masks = label != "fresh"
-        _assert_agree(model, result.model, feeds, f"{variant} / {target} on {label} feeds", masks, half and masks)
-        if half and masks:
-            wide = [validate.upcast(m) for m in (model, result.model)]
-            _assert_agree(*wide, validate.upcast_feeds(feeds), f"{variant} / {target} float32 copies on {label}", True)
-
-
-def _assert_agree(
-    model: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict, where: str, masks: bool, finite_only: bool = False
-) -> None:
-    try:
-        expected = validate.run(model, feeds)
-    except Exception:
-        return  # the original does not run on these: they say nothing
-    actual = validate.run(fused, feeds)
-    names = list(expected)
-    reference = {
-        **validate.references(model, feeds, expected, names, float32_too=True),
-        **validate.references(model, feeds, expected, names),
-    }
-    for name in names:
-        how = {"where_defined": masks, "finite_only": finite_only}
-        cmp = validate.compare(name, expected[name], actual[name], reference.get(name), **how)
-        assert cmp.ok, f"{where}: {name} differs by {cmp.max_abs_diff}"
+    problems = disagreements(model, result.model, fresh)
+    assert not problems, f"{variant} / {target}: {problems}"
