@@ -8,11 +8,24 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
 
 import egfuse
 from egfuse import validate
 from egfuse.load import default_opset
-from egfuse.testing import CAUSAL, K_LAYOUTS, MASKS, SCALES, SOFTCAP, Variant, attention_model, feeds_for
+from egfuse.testing import (
+    AXES,
+    CAUSAL,
+    K_LAYOUTS,
+    MASKS,
+    SCALES,
+    SOFTCAP,
+    Variant,
+    attention_model,
+    canonical,
+    feeds_for,
+    variants,
+)
 
 from .conftest import assert_same_outputs, fuse_one_block, fused_op_count
 
@@ -185,3 +198,39 @@ def test_report_names_the_variant():
     assert region.variants["scale"] == "Q (Mul) and K (Mul)"
     assert region.variants["mask"].startswith("select (Where")
     assert region.variants["guard"] == "Where(IsNaN)"
+
+
+def _with_meaningless_choices_reset(variant: Variant) -> dict:
+    """A drawn variant's choices with those the rest makes meaningless at their defaults."""
+    default, choices = Variant(), dataclasses.asdict(variant)
+    if not variant.rope:
+        choices.update({k: getattr(default, k) for k in _ROPE_ONLY})
+    if not variant.past:
+        choices["cache_read"] = default.cache_read
+    if variant.kv_heads == variant.heads:
+        choices["kv_heads"] = None
+    return choices
+
+
+_ROPE_ONLY = ("rope_tables", "rope_partial", "rope_interleaved", "rope_seq_first", "concat")
+
+
+@given(variants())
+@settings(max_examples=200, deadline=None)
+def test_every_drawn_spelling_has_a_canonical_form(variant: Variant):
+    """The space experiments/variant_space.py counts holds everything the property tests draw: the repair is
+    idempotent, so each draw (its meaningless choices reset) is a canonical form."""
+    choices = _with_meaningless_choices_reset(variant)
+    assert canonical(choices) == Variant(**choices), choices
+
+
+def test_canonical_forms_are_the_only_spelling_of_themselves():
+    """A canonical form is a fixed point of the repair; a choice the repair would change, or a meaningless
+    choice off its default, is not one (so no spelling is counted twice)."""
+    assert canonical({}) == Variant()
+    assert canonical({"cross": True, "past": True}) is None  # the repair drops the cache of cross-attention
+    assert canonical({"rope_tables": "positions"}) is None  # a RoPE table form without RoPE
+    assert canonical({"cache_read": "split_score"}) is None  # a cache reading without a cache
+    assert canonical({"heads": 2, "kv_heads": 2}) is None  # MHA is kv_heads=None
+    assert canonical({"rope": True, "rope_tables": "positions", "k_layout": "transpose_0132"}) is not None
+    assert set(AXES) == {f.name for f in dataclasses.fields(Variant)} - {"seed"}
