@@ -85,8 +85,10 @@ def compare(
     only be finite wherever the original's is (the row's value is the fill's rounding,
     :func:`egfuse.inputs.mask_feed_sets`). A float32 output that misses the tolerance passes when a float64
     ``reference`` is given and each row that misses it is within the tolerance of that reference, or no
-    further from it than ``FILL_ROUNDING_FACTOR`` times the original is in that row (in a row the original
-    itself misses the reference by more than the tolerance, times its worst over such rows): a query row whose every
+    further from it than ``FILL_ROUNDING_FACTOR`` times the original's error — in that row, or its worst
+    in a row it itself misses the reference by more than the tolerance (how lucky the original's rounding was
+    in one fill-rounded row is noise; an error below four times the fill's rounding cannot be told from it,
+    and a fault — a mask dropped, a scale wrong — is far larger): a query row whose every
     key a finite fill hides (−1e4, −1e6: left padding under a causal mask makes them) has its scores rounded
     to the fill's ulp, so there the original is itself off the exact answer by as much as a fused op may be.
     Zero tolerances (``--atol 0 --rtol 0``) ask for the original's own bits, so they get no such rescue."""
@@ -122,8 +124,9 @@ def compare(
         own, ours = _max_diff(reference, expected)[1], _max_diff(reference, actual)[1]
         rounding = ~_rows(own <= tolerance)  # rows the original itself misses the exact answer in
         own = _rows(own)
-        peer = np.where(rounding, own[rounding].max() if rounding.any() else 0.0, own)
-        ok = bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= FILL_ROUNDING_FACTOR * peer)))
+        fill = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
+        bound = FILL_ROUNDING_FACTOR * np.maximum(own, fill)
+        ok = bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= bound)))
     return Comparison(name, worst, ok)
 
 

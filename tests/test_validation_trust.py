@@ -168,13 +168,19 @@ def test_a_fault_in_one_row_does_not_hide_behind_another_rows_rounding():
     assert validate.compare("y", expected, expected, reference).ok
 
 
-def test_a_float32_row_outside_the_tolerance_is_excused_only_by_its_own_rounding():
-    """The float64 rescue (a finite fill hiding a whole row in float32) is row by row too."""
+def test_a_float32_row_outside_the_tolerance_is_excused_only_by_the_fills_rounding():
+    """The float64 rescue (a finite fill hiding a whole row in float32) excuses errors up to four times the
+    fill's rounding, in any row (how lucky the original was in one row is noise), and nothing larger."""
     reference = np.array([[0.1, 0.5, -0.3, 0.2], [0.25, -0.5, 0.75, 0.125]])
     expected = reference.astype(np.float32)
     expected[0] += np.float32(0.01)  # row 0: the original rounded against the fill
     actual = expected.copy()
     actual[0] += np.float32(0.015)  # within 4× the original's own distance there
+    actual[1] += np.float32(0.02)  # row 1: the original is exact there; within 4× the fill's rounding
     assert validate.compare("y", expected, actual, reference).ok
-    actual[1, 0] += np.float32(0.01)  # row 1: the original is exact there; 0.01 is a fault
+    actual[1, 0] += np.float32(0.1)  # a fault: far beyond the fill's rounding
     assert not validate.compare("y", expected, actual, reference).ok
+    exact = reference.astype(np.float32)
+    wrong = exact.copy()
+    wrong[1, 0] += np.float32(0.01)  # no row rounded against a fill: 0.01 off is not excused
+    assert not validate.compare("y", exact, wrong, reference).ok
