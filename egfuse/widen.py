@@ -89,11 +89,11 @@ def references(
         for _ in range(NARROWED_NODES):
             try:
                 return run(widened, data, names)
-            except Exception as err:  # an op without a float64 kernel (AveragePool, Erf): run it in float32
+            except Exception as err:  # an op without float64 (AveragePool, Erf, QuantizeLinear): run it in float32
                 missing = _NO_KERNEL.search(str(err))
                 if not float32_too or missing is None:
                     raise
-                widened = _in_float32(widened, missing.group(1))
+                widened = _in_float32(widened, missing.group(1) or missing.group(2))
     except Exception:  # the widened model does not run: fall back to the fixed tolerance
         pass
     return {}
@@ -103,7 +103,10 @@ NARROWED_NODES = 8
 """Nodes a float64 reference may compute in float32 (ops onnxruntime has no double kernel for): the rest of
 the graph stays wide."""
 
-_NO_KERNEL = re.compile(r"Could not find an implementation for \S+ node with name '([^']*)'")
+_NO_KERNEL = re.compile(
+    r"Could not find an implementation for \S+ node with name '([^']*)'"
+    r"|of operator \(\w+\) in node \(([^)]*)\) is invalid"  # a schema without double: QuantizeLinear
+)
 
 
 def _in_float32(model: onnx.ModelProto, node_name: str) -> onnx.ModelProto:
@@ -121,8 +124,8 @@ def _in_float32(model: onnx.ModelProto, node_name: str) -> onnx.ModelProto:
         if name and types.get(name) == double:
             node.input[i] = f"{name}__f32_{index}"
             before.append(onnx.helper.make_node("Cast", [name], [node.input[i]], to=onnx.TensorProto.FLOAT))
-    for i, name in enumerate(node.output):
-        if name and types.get(name, double) == double:
+    for i, name in enumerate(node.output):  # float outputs back up (inference may have typed them float)
+        if name and types.get(name, double) in (double, onnx.TensorProto.FLOAT):
             node.output[i] = f"{name}__f32_{index}"
             after.append(onnx.helper.make_node("Cast", [node.output[i]], [name], to=double))
     narrowed = onnx.ModelProto()

@@ -12,7 +12,7 @@ import pytest
 
 import egfuse
 from egfuse import validate
-from egfuse.testing import Variant, attention_model
+from egfuse.testing import Variant, attention_model, feeds_for
 
 _PATH = Path(__file__).resolve().parents[1] / "experiments" / "validation_mutations.py"
 _spec = importlib.util.spec_from_file_location("validation_mutations", _PATH)
@@ -184,3 +184,15 @@ def test_a_float32_row_outside_the_tolerance_is_excused_only_by_the_fills_roundi
     wrong = exact.copy()
     wrong[1, 0] += np.float32(0.01)  # no row rounded against a fill: 0.01 off is not excused
     assert not validate.compare("y", exact, wrong, reference).ok
+
+
+def test_a_float64_reference_runs_quantize_dequantize_in_float32():
+    """QuantizeLinear/DequantizeLinear take no double (their schema, not only a missing kernel): the float64
+    reference computes them in float32 and the rest wide, instead of giving no reference at all — without
+    one, a row a −1e4 fill hides (rounded to its ulp) could only be judged by the fixed tolerance."""
+    model = attention_model(Variant(qdq="inputs", mask="additive", causal="trilu", k_layout="transpose_0132"))
+    feeds = feeds_for(model, seed=8, batch=3, seq=6, left_padding=True)
+    expected = validate.run(model, feeds)
+    wide = validate.references(model, feeds, expected, list(expected), float32_too=True)
+    assert wide and all(value.dtype == np.float64 for value in wide.values())
+    assert np.allclose(wide["y"], expected["y"], atol=1e-2)
