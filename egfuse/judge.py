@@ -152,8 +152,8 @@ def _compare_widened(
     for model in (original, fused):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy))
-    data = validate.upcast_feeds(data)
+        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
+    data = validate.upcast_feeds(data, fills=True)
     try:
         memory.check(wide[0], data, budget, weights_mapped=False)
     except memory.OverBudget:

@@ -17,14 +17,44 @@ __all__ = ["HALF_TYPES", "references", "upcast", "upcast_feeds"]
 HALF_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
 
-def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+FILL_ULPS = 4
+"""How far inside the ends of a half type's range a value still counts as a fill (egfuse moves finfo.min one
+ulp up where a kernel would read it as −inf)."""
+
+
+def _keep_fills(narrow: np.ndarray, wide: np.ndarray) -> np.ndarray:
+    """``wide`` with the fills of ``narrow`` — values at the ends of its type's range, up to ``FILL_ULPS`` ulps
+    inside — moved to the same place in the wide type's range: finfo(float16).min absorbs every score it is
+    added to in float16, and must still once widened (−65504 in float32 would not, and a clamp at it would
+    then change what the graph computes)."""
+    try:
+        top, wide_top = np.finfo(narrow.dtype).max, np.finfo(wide.dtype).max
+    except (TypeError, ValueError):
+        return wide
+    ulp = float(top) - float(np.nextafter(top, narrow.dtype.type(0)))
+    wide_ulp = float(wide_top) - float(np.nextafter(wide_top, wide.dtype.type(0)))
+    values = narrow.astype(np.float64)
+    out = wide
+    for sign in (-1.0, 1.0):
+        with np.errstate(invalid="ignore"):
+            steps = (float(top) - sign * values) / ulp
+        fill = np.isfinite(steps) & (steps >= 0) & (steps <= FILL_ULPS) & (np.round(steps) == steps)
+        if fill.any():
+            out = np.where(fill, sign * (float(wide_top) - steps * wide_ulp), out).astype(wide.dtype)
+    return out
+
+
+def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT, fills: bool = False) -> onnx.ModelProto:
     """The same graph computed wider: every float16/bfloat16 tensor, type and cast target widened to float32
     (``to=DOUBLE``: float32 ones too, to float64).
 
     The reference that outputs are judged against where the primitive ops' own rounding decides the answer
     (half precision; a query row whose keys a finite fill hides): a fused op rounds differently from the
     primitive ops, so the question is not "are they equal" but "is the fused model no further from the
-    exact result than the original is"."""
+    exact result than the original is".
+
+    ``fills``: the fills at the ends of a half type's range stay at the ends of float32's
+    (:func:`_keep_fills`) — for comparing two models' meaning on float32 copies, not for a reference."""
     narrow = HALF_TYPES | ({onnx.TensorProto.FLOAT} if to == onnx.TensorProto.DOUBLE else set())
     wide_type = onnx.helper.tensor_dtype_to_np_dtype(to)
     wide = onnx.ModelProto()
@@ -36,8 +66,11 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT) -> onnx.
 
     def widen(tensor: onnx.TensorProto) -> None:
         if tensor.data_type in narrow:
-            array = onnx.numpy_helper.to_array(tensor).astype(wide_type)
-            tensor.CopyFrom(onnx.numpy_helper.from_array(array, tensor.name))
+            array = onnx.numpy_helper.to_array(tensor)
+            widened = array.astype(wide_type)
+            if fills and tensor.data_type in HALF_TYPES:
+                widened = _keep_fills(array, widened)
+            tensor.CopyFrom(onnx.numpy_helper.from_array(widened, tensor.name))
 
     for tensor in graph.initializer:
         widen(tensor)
@@ -50,10 +83,16 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT) -> onnx.
     return wide
 
 
-def upcast_feeds(feeds: dict[str, np.ndarray], to: type = np.float32) -> dict[str, np.ndarray]:
-    """The feeds for :func:`upcast`'s copy: half-precision arrays widened (``to=np.float64``: float32 too)."""
+def upcast_feeds(feeds: dict[str, np.ndarray], to: type = np.float32, fills: bool = False) -> dict[str, np.ndarray]:
+    """The feeds for :func:`upcast`'s copy: half-precision arrays widened (``to=np.float64``: float32 too);
+    ``fills`` as there."""
     narrow = (np.float16, np.float32) if to == np.float64 else (np.float16,)
-    return {k: v.astype(to) if v.dtype in narrow else v for k, v in feeds.items()}
+
+    def widen(value: np.ndarray) -> np.ndarray:
+        wide = value.astype(to)
+        return _keep_fills(value, wide) if fills and value.dtype == np.float16 else wide
+
+    return {k: widen(v) if v.dtype in narrow else v for k, v in feeds.items()}
 
 
 def references(

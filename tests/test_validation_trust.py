@@ -196,3 +196,17 @@ def test_a_float64_reference_runs_quantize_dequantize_in_float32():
     wide = validate.references(model, feeds, expected, list(expected), float32_too=True)
     assert wide and all(value.dtype == np.float64 for value in wide.values())
     assert np.allclose(wide["y"], expected["y"], atol=1e-2)
+
+
+def test_float32_copies_keep_half_precision_fills_at_the_ends_of_the_range():
+    """Judging a float16 model's masks on float32 copies must not change what its fills mean: finfo(float16).min
+    absorbs every score in float16, −65504 in float32 does not (and OPT's clamp at it then changes the row),
+    so fills move to float32's ends, one ulp up staying one ulp up; ordinary values such as −1e4 are widened
+    as they are, and a reference (``fills`` off) widens every value literally."""
+    half = np.finfo(np.float16)
+    values = np.array([half.min, np.nextafter(half.min, np.float16(0)), -1e4, 0.0, half.max], dtype=np.float16)
+    kept = validate.upcast_feeds({"mask": values}, fills=True)["mask"]
+    top = np.finfo(np.float32).max
+    assert kept[0] == -top and kept[1] == np.nextafter(-top, np.float32(0)) and kept[4] == top
+    assert kept[2] == np.float32(-1e4) and kept[3] == 0.0
+    assert validate.upcast_feeds({"mask": values})["mask"][0] == np.float32(half.min)

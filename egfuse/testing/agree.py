@@ -28,8 +28,8 @@ def disagreements(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: 
         masks = label != "base"
         found += _differences(original, optimized, data, label, masks, half)
         if half:
-            wide = [validate.upcast(m) for m in (original, optimized)]
-            found += _differences(*wide, validate.upcast_feeds(data), f"{label}, float32 copies", True)
+            wide = [validate.upcast(m, fills=True) for m in (original, optimized)]
+            found += _differences(*wide, validate.upcast_feeds(data, fills=True), f"{label}, float32 copies", True)
     return found
 
 
