@@ -3,9 +3,9 @@
     python experiments/render_results.py
 
 The text between each pair of markers (``<!-- results:start -->``/``<!-- results:end -->``: coverage, speed
-and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases) is replaced; nothing
-else is touched. The plots the paper shows are copied into paper/figures/. tests/test_paper.py fails when the
-committed text differs from what this would write.
+and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases; ``variants``: the
+spelling space) is replaced; nothing else is touched. The plots the paper shows are copied into
+paper/figures/. tests/test_paper.py fails when the committed text differs from what this would write.
 """
 
 from __future__ import annotations
@@ -126,6 +126,40 @@ def drift() -> str:
     )
 
 
+def variant_space() -> str:
+    """The size of the spelling space and each tool's coverage of a uniform sample, from ``variant_space.json``."""
+    path = RESULTS / "variant_space.json"
+    if not path.exists():
+        return "(run `python experiments/variant_space.py` for the variant space and its coverage)\n"
+    data = json.loads(path.read_text())
+    space, tools = data["space"], data["tools"]
+    rows = ["| tool | covered (fused and correct) | fused but wrong |", "|---|---|---|"]
+    for tool in tools:
+        cell = data["coverage"][tool]
+        rows.append(
+            f"| {tool} | {100 * cell['share']:.1f}% ({cell['covered']}/{data['samples']}) | {cell['fused_wrong']} |"
+        )
+    egraph = data.get("egraph", {}).get("egfuse:ort")
+    cost = ""
+    if egraph:
+        cost = (
+            f" On `ort` the e-graph of one block ends at a median of {egraph['enodes_after']['median']:.0f} e-nodes "
+            f"(at most {egraph['enodes_after']['max']:.0f}), {egraph['growth']['median']:.2f}× what lowering wrote, "
+            "after "
+            f"a median of {egraph['iterations']['median']:.0f} iterations; saturation stopped on a budget in "
+            f"{egraph['budget_hit']} of {egraph['runs']} runs."
+        )
+    return (
+        f"The generator's {len(space['axes'])} axes span {space['product_of_axes']:,} choices; "
+        f"**{space['space_size']:,}** of them are distinct spellings of attention (counted exactly: "
+        "`experiments/variant_space.py`). "
+        f"On {data['samples']:,} spellings drawn uniformly from that space (seed {data['seed']}), each tool's output "
+        "judged by one standard (egfuse's validation criteria on fresh feeds and their mask sets):\n\n"
+        + "\n".join(rows)
+        + f"\n\nPer-axis coverage is in `experiments/results/variant_space.md`.{cost}\n"
+    )
+
+
 def render(path: Path, body: str, start: str = START, end: str = END) -> bool:
     text = path.read_text()
     if start not in text or end not in text:
@@ -153,13 +187,19 @@ def latency_into_speed_md() -> None:
 
 
 DRIFT_START, DRIFT_END = "<!-- drift:start -->", "<!-- drift:end -->"
-FIGURES = ("exporter_drift.png", "rules_vs_patterns.png", "cost_model.png", "optimize_seconds.png")
+VARIANTS_START, VARIANTS_END = "<!-- variants:start -->", "<!-- variants:end -->"
+FIGURES = ("exporter_drift.png", "variant_space.png", "rules_vs_patterns.png", "cost_model.png", "optimize_seconds.png")
 """Plots the paper shows, copied from experiments/results/ into paper/figures/."""
 
 
 def sections() -> list[tuple[str, str, str]]:
     """Each generated block of text: (start marker, end marker, body)."""
-    return [(START, END, table()), (COUNTS_START, COUNTS_END, counts()), (DRIFT_START, DRIFT_END, drift())]
+    return [
+        (START, END, table()),
+        (COUNTS_START, COUNTS_END, counts()),
+        (DRIFT_START, DRIFT_END, drift()),
+        (VARIANTS_START, VARIANTS_END, variant_space()),
+    ]
 
 
 def main() -> int:

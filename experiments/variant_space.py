@@ -38,8 +38,10 @@ import hashlib
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -55,6 +57,9 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(ROOT))
 
 from egfuse.testing import AXES, Variant, canonical  # noqa: E402
+
+_SPAWN = multiprocessing.get_context("spawn")
+"""Workers are started fresh: forked from a process that has run onnxruntime, they can hang on its threads."""
 
 TOOLS = ("egfuse:ort", "egfuse:onnx", "egfuse:npu", "onnxscript", "ort")
 
@@ -107,18 +112,44 @@ def _paired_count() -> int:
     )
 
 
-def _count_chunk(first: tuple[Any, int]) -> tuple[int, int]:
-    """Spellings (weighted) and canonical class points with the first enumerated axis at one value."""
-    names = _enumerated()
+GROUPS = (("past", "cache_read"), ("rope", "rope_tables", "rope_seq_first"))
+"""Axes enumerated together: the later ones mean something only when the first is on (else at their
+defaults, as a canonical form has them), so their other values are never tried there."""
+
+
+def _factors() -> list[tuple[tuple[str, ...], list[tuple[tuple[Any, ...], int]]]]:
+    """The enumeration's factors: (axis names, [(values, weight)]) — a group's meaningful combinations, or
+    one axis's classes."""
+    default = asdict(Variant())
+    grouped = {name for group in GROUPS for name in group}
+    factors = []
+    for group in GROUPS:
+        rest = group[1:]
+        combos = [((False, *(default[n] for n in rest)), 1)]
+        combos += [((True, *values), 1) for values in itertools.product(*(AXES[n] for n in rest))]
+        factors.append((group, combos))
+    for name in _enumerated():
+        if name not in grouped:
+            factors.append(((name,), [((value,), weight) for value, weight in _values(name)]))
+    return factors
+
+
+def _count_chunk(chunk: tuple[int, int]) -> tuple[int, int]:
+    """Spellings (weighted) and canonical class points with the first two factors at the choices ``chunk``
+    indexes."""
+    factors = _factors()
     free = math.prod(len(AXES[n]) for n in FREE) * _paired_count()
     rope_free = math.prod(len(AXES[n]) for n in ROPE_FREE)
     total = points = 0
-    rest = [_values(n) for n in names[1:]]
-    for combo in itertools.product(*rest):
-        choices = {names[0]: first[0], **{n: v for n, (v, _) in zip(names[1:], combo, strict=True)}}
+    fixed = [(factors[i][0], factors[i][1][chunk[i]]) for i in range(2)]
+    for combo in itertools.product(*(choices for _, choices in factors[2:])):
+        choices: dict[str, Any] = {}
+        weight = 1
+        for names, (values, w) in [*fixed, *zip((names for names, _ in factors[2:]), combo, strict=True)]:
+            choices.update(zip(names, values, strict=True))
+            weight *= w
         if canonical(choices) is None:
             continue
-        weight = first[1] * math.prod(w for _, w in combo)
         total += weight * free * (rope_free if choices["rope"] else 1)
         points += 1
     return total, points
@@ -126,20 +157,38 @@ def _count_chunk(first: tuple[Any, int]) -> tuple[int, int]:
 
 def space_size(jobs: int) -> dict[str, Any]:
     """The exact count, one process per value of the first enumerated axis."""
-    names = _enumerated()
     start = time.perf_counter()
-    with ProcessPoolExecutor(jobs) as pool:
-        parts = list(pool.map(_count_chunk, _values(names[0])))
+    factors = _factors()
+    with ProcessPoolExecutor(jobs, mp_context=_SPAWN) as pool:
+        chunks = itertools.product(range(len(factors[0][1])), range(len(factors[1][1])))
+        parts = list(pool.map(_count_chunk, chunks))
     product = math.prod(len(v) for v in _space_axes().values())
     size = sum(total for total, _ in parts)
     return {
         "space_size": size,
         "product_of_axes": product,
         "axes": {name: len(values) for name, values in _space_axes().items()},
-        "enumerated_points": math.prod(len(_values(n)) for n in names),
+        "enumerated_points": math.prod(len(choices) for _, choices in factors),
         "canonical_points": sum(points for _, points in parts),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def _counted(cache_path: Path, jobs: int) -> dict[str, Any]:
+    """The space's size, counted once per version of the axes and of this counting (about 20 min on one core)
+    and kept in the cache file beside the tools' outcomes."""
+    digest = hashlib.sha256((ROOT / "egfuse" / "testing" / "variant.py").read_bytes())
+    digest.update(repr((CLASSES, FREE, ROPE_FREE, PAIRED, SIZES, GROUPS)).encode())
+    key = "space:" + digest.hexdigest()[:16]
+    if cache_path.exists():
+        for line in cache_path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("key") == key:
+                return row["space"]
+    space = space_size(jobs)
+    with cache_path.open("a") as out:
+        out.write(json.dumps({"key": key, "space": space}) + "\n")
+    return space
 
 
 def verify(points: int, seed: int) -> dict[str, Any]:
@@ -222,6 +271,7 @@ def run_tool(tool: str, variant: Variant) -> dict[str, Any]:
 
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
+    egraph: dict[str, Any] = {}
     model = attention_model(variant)
     try:
         if tool.startswith("egfuse"):
@@ -229,6 +279,10 @@ def run_tool(tool: str, variant: Variant) -> dict[str, Any]:
 
             result = egfuse.fuse(model, target=tool.split(":")[1])
             optimized, fused = result.model, result.report.fused
+            stats = result.report.stats
+            egraph = {key: stats.get(key) for key in _EGRAPH_STATS} | {"nodes": len(model.graph.node)}
+            why = [f"{r.status}: {r.reason}" for r in result.report.regions if r.status != "fused"]
+            egraph["egfuse_reason"] = (why[0] if why else f"{len(result.report.regions)} regions")[:200]
         elif tool == "onnxscript":
             import onnx_ir as ir
             from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -252,12 +306,9 @@ def run_tool(tool: str, variant: Variant) -> dict[str, Any]:
         return {"fused": False, "correct": False, "reason": f"{type(error).__name__}: {error}"[:200],
                 "seconds": round(time.perf_counter() - start, 3)}  # fmt: skip
     if not fused:
-        return {
-            "fused": False,
-            "correct": False,
-            "reason": "not fused",
-            "seconds": round(time.perf_counter() - start, 3),
-        }
+        reason = f"not fused ({egraph['egfuse_reason']})" if "egfuse_reason" in egraph else "not fused"
+        seconds = round(time.perf_counter() - start, 3)
+        return {"fused": False, "correct": False, "reason": reason[:200], "seconds": seconds, **egraph}
     problems = disagreements(
         model, optimized, feeds_for(model, seed=variant.seed + 7, batch=3, seq=6, left_padding=True)
     )
@@ -266,7 +317,11 @@ def run_tool(tool: str, variant: Variant) -> dict[str, Any]:
         "correct": not problems,
         "reason": problems[0][:200] if problems else "",
         "seconds": round(time.perf_counter() - start, 3),
+        **egraph,
     }
+
+
+_EGRAPH_STATS = ("enodes_before", "enodes_after", "iterations", "stop_reason", "seconds_saturate")
 
 
 def _run_variant(variant: Variant, tools: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -295,8 +350,12 @@ def _key(variant: Variant) -> str:
     return json.dumps(asdict(variant), sort_keys=True)
 
 
-def outcomes(sample: list[Variant], tools: tuple[str, ...], jobs: int, cache_path: Path) -> list[dict[str, Any]]:
-    """Every tool on every sampled spelling, resumed from the cache; a crashed worker is a row, not the end."""
+def outcomes(
+    sample: list[Variant], tools: tuple[str, ...], jobs: int, cache_path: Path, minutes: float | None = None
+) -> list[dict[str, Any] | None]:
+    """Every tool on every sampled spelling, resumed from the cache; a crashed worker is a row, not the end.
+    Past ``minutes`` the spellings not yet run are left (None): which ones finish does not depend on their
+    outcome, so those that did are still a uniform sample, and a later run resumes from the cache."""
     fingerprint = _fingerprint()
     cache: dict[str, dict] = {}
     if cache_path.exists():
@@ -310,9 +369,13 @@ def outcomes(sample: list[Variant], tools: tuple[str, ...], jobs: int, cache_pat
     with cache_path.open("a") as out:
         while todo:
             try:
-                with ProcessPoolExecutor(jobs, max_tasks_per_child=50) as pool:
+                with ProcessPoolExecutor(jobs, mp_context=_SPAWN) as pool:
                     futures = {pool.submit(_run_variant, v, tools): v for v in todo}
                     for future in as_completed(futures):
+                        if minutes is not None and time.perf_counter() - start > 60 * minutes:
+                            print(f"  stopped after {minutes} min: the rest resumes from the cache", flush=True)
+                            pool.shutdown(wait=False, cancel_futures=True)
+                            break
                         variant = futures[future]
                         outcome = {**cache.get(_key(variant), {}), **future.result()}
                         cache[_key(variant)] = outcome
@@ -337,7 +400,7 @@ def outcomes(sample: list[Variant], tools: tuple[str, ...], jobs: int, cache_pat
                         t: {"fused": False, "correct": False, "reason": "the process crashed"} for t in tools
                     }
                 todo = [v for v in todo if _key(v) not in cache]
-    return [cache[_key(v)] for v in sample]
+    return [cache[_key(v)] if all(t in cache.get(_key(v), {}) for t in tools) else None for v in sample]
 
 
 # --- results ----------------------------------------------------------------------------------------------------
@@ -366,14 +429,69 @@ def summarise(sample: list[Variant], rows: list[dict[str, Any]], tools: tuple[st
                 **{t: round(sum(r[t]["fused"] and r[t]["correct"] for r in picked) / len(picked), 4) for t in tools},
             }
     reasons: dict[str, dict[str, int]] = {}
+    examples: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    default = asdict(Variant())
     for tool in tools:
         counts: dict[str, int] = {}
-        for r in rows:
+        examples[tool] = {}
+        for variant, r in zip(sample, rows, strict=True):
             if not (r[tool]["fused"] and r[tool]["correct"]):
-                reason = r[tool]["reason"].split(":")[0][:80] if r[tool]["fused"] is False else "fused, outputs differ"
+                text = r[tool]["reason"] if r[tool]["fused"] is False else "fused, outputs differ"
+                reason = re.sub(r"\d[\d.e+-]*", "N", text)[:100]
                 counts[reason] = counts.get(reason, 0) + 1
+                if tool.startswith("egfuse") and len(examples[tool].setdefault(reason, [])) < 3:
+                    choices = {k: v for k, v in asdict(variant).items() if v != default[k]}
+                    examples[tool][reason].append(choices)
         reasons[tool] = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:6])
-    return {"coverage": coverage, "per_axis": per_axis, "reasons": reasons}
+        examples[tool] = {k: v for k, v in examples[tool].items() if k in reasons[tool]}
+    return {
+        "coverage": coverage,
+        "per_axis": per_axis,
+        "reasons": reasons,
+        "examples": examples,  # the choices (off the defaults) of a few spellings per reason, to reproduce
+        "egraph": egraph_cost(rows, tools),
+    }
+
+
+def egraph_cost(rows: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
+    """Per egfuse target: the e-graph's size and saturation work over the sample, against the block's size
+    (its node count), how often saturation stopped on a budget instead of saturating, and coverage there."""
+    out: dict[str, Any] = {}
+    for tool in (t for t in tools if t.startswith("egfuse")):
+        runs = [r[tool] for r in rows if r[tool].get("enodes_after") is not None]
+        if not runs:
+            continue
+        budget = [r for r in runs if r["stop_reason"] != "saturated"]
+        by_size: dict[str, list[dict]] = {}
+        for r in runs:
+            band = "≤ 40 nodes" if r["nodes"] <= 40 else "41–80 nodes" if r["nodes"] <= 80 else "> 80 nodes"
+            by_size.setdefault(band, []).append(r)
+        out[tool] = {
+            "runs": len(runs),
+            "enodes_after": _spread([r["enodes_after"] for r in runs]),
+            "growth": _spread([r["enodes_after"] / max(1, r["enodes_before"]) for r in runs]),
+            "iterations": _spread([r["iterations"] for r in runs]),
+            "seconds_saturate": _spread([r["seconds_saturate"] for r in runs]),
+            "budget_hit": len(budget),
+            "stop_reasons": {k: sum(r["stop_reason"] == k for r in runs) for k in {r["stop_reason"] for r in runs}},
+            "covered_when_budget_hit": sum(r["fused"] and r["correct"] for r in budget),
+            "by_block_size": {
+                band: {
+                    "runs": len(group),
+                    "enodes_after": _spread([r["enodes_after"] for r in group]),
+                    "seconds_saturate": _spread([r["seconds_saturate"] for r in group]),
+                    "covered": round(sum(r["fused"] and r["correct"] for r in group) / len(group), 4),
+                }
+                for band, group in sorted(by_size.items())
+            },
+        }
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    median, p90 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.9))
+    return {"median": round(median, 4), "p90": round(p90, 4), "max": round(ordered[-1], 4)}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -393,7 +511,13 @@ def markdown(result: dict[str, Any]) -> str:
         "class swaps and free-axis "
         f"changes, {result['verify']['failures']} that changed the verdict",
         f"- sample: **{result['samples']:,} spellings** drawn uniformly (seed {result['seed']}, "
-        f"{result['draws']:,} draws from the product)",
+        f"{result['draws']:,} draws from the product"
+        + (
+            f"; {result['samples']:,} of {result['drawn']:,} drawn had run when the time given ran out — which ones "
+            "finish does not depend on their outcome, so they are a uniform sample too)"
+            if result["samples"] < result.get("drawn", result["samples"])
+            else ")"
+        ),
         "",
         "## Coverage on the uniform sample (fused **and** correct)",
         "",
@@ -417,6 +541,18 @@ def markdown(result: dict[str, Any]) -> str:
                 + " | ".join(f"{100 * cell[t]:.0f}%" for t in tools)
                 + " |"
             )
+    lines += ["", "## E-graph cost over the sample", ""]
+    header = (
+        "| target | e-nodes after saturation (median / p90 / max) | growth | iterations | saturate s (median / max) "
+    )
+    lines += [header + "| budget hit | covered when hit |", "|---|---|---|---|---|---|---|"]
+    for tool, e in result["egraph"].items():
+        n, g, it, sec = e["enodes_after"], e["growth"], e["iterations"], e["seconds_saturate"]
+        lines.append(
+            f"| {tool} | {n['median']:.0f} / {n['p90']:.0f} / {n['max']:.0f} | {g['median']:.2f}× | {it['median']:.0f} "
+            f"(max {it['max']:.0f}) | {sec['median']:.2f} / {sec['max']:.2f} | {e['budget_hit']} of {e['runs']} | "
+            f"{e['covered_when_budget_hit']} |"
+        )
     lines += ["", "## Most common reasons a spelling is not covered", ""]
     for tool in tools:
         lines.append(
@@ -460,21 +596,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--verify", action="store_true", help="only check the counting's classes and free axes")
     parser.add_argument("--cache", type=Path, default=RESULTS / ".variant_space_cache.jsonl")
+    parser.add_argument("--minutes", type=float, help="stop running tools after this long; summarise what finished")
     args = parser.parse_args(argv)
     checked = verify(300, args.seed)
     print(f"counting verified: {checked['checks']:,} checks, {checked['failures']} failures", flush=True)
     if args.verify:
         print(json.dumps(checked, indent=1))
         raise SystemExit(1 if checked["failures"] else 0)
-    space = space_size(args.jobs)
-    print(f"space: {space['space_size']:,} spellings ({space['seconds']} s)", flush=True)
+    space = _counted(args.cache, args.jobs)
+    print(f"space: {space['space_size']:,} spellings (counted in {space['seconds']} s)", flush=True)
     sample, tries = draw(args.samples, args.seed)
     tools = tuple(args.tools)
-    rows = outcomes(sample, tools, args.jobs, args.cache)
+    rows = outcomes(sample, tools, args.jobs, args.cache, args.minutes)
+    finished = [(v, r) for v, r in zip(sample, rows, strict=True) if r is not None]
+    sample, rows = [v for v, _ in finished], [r for _, r in finished]
     result = {
         "tools": list(tools),
         "seed": args.seed,
         "samples": len(sample),
+        "drawn": args.samples,
         "draws": tries,
         "space_size": space["space_size"],
         "space": space,
