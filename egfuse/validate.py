@@ -131,16 +131,16 @@ def compare(
 
 
 def _as_close_as_original(
-    expected: np.ndarray, actual: np.ndarray, reference: np.ndarray, peers: np.ndarray, factor: float = 2.0
+    expected: np.ndarray, actual: np.ndarray, reference: np.ndarray, peers: np.ndarray
 ) -> np.ndarray:
-    """Per row (last axis): ``actual`` no further from the wider ``reference`` than ``factor`` times the
+    """Per row (last axis): ``actual`` no further from the wider ``reference`` than twice the
     original's worst error over the rows of its kind (``peers``), plus ``HALF_ULPS`` ulps of the row's
     magnitude. Rows are judged apart from the rows the original rounds against a fill: those excuse no error
     in an ordinary row."""
     own = _rows(_max_diff(reference, expected)[1])
     ours = _rows(_max_diff(reference, actual)[1])
     worst_own = float(own[peers].max()) if peers.any() else 0.0
-    return peers & (ours <= factor * worst_own + HALF_ULPS * _row_ulps(expected.dtype, reference))
+    return peers & (ours <= 2.0 * worst_own + HALF_ULPS * _row_ulps(expected.dtype, reference))
 
 
 def _rows(values: np.ndarray) -> np.ndarray:
