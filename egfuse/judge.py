@@ -182,7 +182,10 @@ def _judged(
     if not all(c.ok for c in [*regions.values(), *compared]):
         wide = validate.references(original, data, expected, names, weights=weights, budget=budget, float32_too=True)
         if wide:
-            regions, compared = _comparisons(expected, actual, {**wide, **reference}, entries, outputs, **how)
+            fill = validate.largest_fill(original, data)
+            regions, compared = _comparisons(
+                expected, actual, {**wide, **reference}, entries, outputs, **how, fill=fill
+            )
     return regions, compared
 
 
@@ -195,9 +198,10 @@ def _comparisons(
     *,
     where_defined: bool,
     finite_only: bool = False,
+    fill: float = 0.0,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """Each fused entry's output and each graph output, original against fused."""
-    how = {"where_defined": where_defined, "finite_only": finite_only}
+    how = {"where_defined": where_defined, "finite_only": finite_only, "fill": fill}
     regions = {
         key: validate.compare(r.output, expected[r.output], actual[r.output], reference.get(r.output), **how)
         for key, r in entries.items()

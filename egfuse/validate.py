@@ -15,7 +15,7 @@ import onnx
 
 from egfuse.inputs import make_feeds, mask_feed_sets
 from egfuse.runner import ATOL, DEFAULTS, RTOL, Settings, current, original_outputs, run, using
-from egfuse.widen import references, upcast, upcast_feeds
+from egfuse.widen import largest_fill, references, upcast, upcast_feeds
 
 __all__ = [
     "ATOL",
@@ -26,6 +26,7 @@ __all__ = [
     "compare",
     "compare_models",
     "current",
+    "largest_fill",
     "make_feeds",
     "mask_feed_sets",
     "original_outputs",
@@ -43,6 +44,11 @@ FILL_ROUNDING_FACTOR = 4.0
 fill (to its ulp, 1/16); a fused op that adds the other biases to the fill first rounds twice, so its error may
 reach twice the original's worst — and the original's observed error is below its worst. A row the fused op
 changes (zeroed, uniform instead of the scores' softmax) is off by the values themselves, far more."""
+
+FILL_ULP_CAP = 2.0**-4
+"""The largest fill ulp (that of 1e6 in float32) that excuses an error in a fill-rounded row: past it the fill
+absorbs the scores rather than rounds them (finfo.min, −1e9), both programs give that row one answer, and a
+kernel's 0 in place of the graph's uniform average must still be seen."""
 
 HALF_ULPS = 8
 """float16/bfloat16 outputs with a float32 reference: the fused op may be off it by twice the original's
@@ -74,6 +80,7 @@ def compare(
     *,
     where_defined: bool = False,
     finite_only: bool = False,
+    fill: float = 0.0,
 ) -> Comparison:
     """Float32 outputs must agree to ``atol + rtol·|expected|`` (:class:`Settings`: 1e-4 and 1e-3 by
     default). Half-precision outputs with a float32 ``reference`` must be, row by row, no further from it than
@@ -88,7 +95,10 @@ def compare(
     further from it than ``FILL_ROUNDING_FACTOR`` times the original's error — in that row, or its worst
     in a row it itself misses the reference by more than the tolerance (how lucky the original's rounding was
     in one fill-rounded row is noise; an error below four times the fill's rounding cannot be told from it,
-    and a fault — a mask dropped, a scale wrong — is far larger): a query row whose every
+    and a fault — a mask dropped, a scale wrong — is far larger); in a row the original misses by more than
+    ``ROUNDING_ULPS`` ulps, also no further than four times the ulp of the mask's ``fill``
+    (:func:`egfuse.widen.largest_fill`, at most ``FILL_ULP_CAP``) times the row's magnitude — what rounding
+    each score against the fill may cost, however lucky the original was there: a query row whose every
     key a finite fill hides (−1e4, −1e6: left padding under a causal mask makes them) has its scores rounded
     to the fill's ulp, so there the original is itself off the exact answer by as much as a fused op may be.
     Zero tolerances (``--atol 0 --rtol 0``) ask for the original's own bits, so they get no such rescue."""
@@ -124,10 +134,24 @@ def compare(
         own, ours = _max_diff(reference, expected)[1], _max_diff(reference, actual)[1]
         rounding = ~_rows(own <= tolerance)  # rows the original itself misses the exact answer in
         own = _rows(own)
-        fill = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
-        bound = FILL_ROUNDING_FACTOR * np.maximum(own, fill)
+        worst_rounding = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
+        bound = FILL_ROUNDING_FACTOR * np.maximum(own, worst_rounding)
+        if fill_ulp := _fill_ulp(expected.dtype, fill):
+            rounded = own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)  # rows rounded against the fill
+            magnitude = _rows(np.nan_to_num(np.abs(reference), nan=0.0, posinf=0.0))
+            excused = FILL_ROUNDING_FACTOR * fill_ulp * np.maximum(1.0, magnitude)
+            bound = np.where(rounded, np.maximum(bound, excused), bound)
         ok = bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= bound)))
     return Comparison(name, worst, ok)
+
+
+def _fill_ulp(dtype: np.dtype, fill: float) -> float:
+    """One ulp of ``dtype`` at the fill's magnitude, at most ``FILL_ULP_CAP``; 0 without a fill."""
+    if not fill > 0.0:
+        return 0.0
+    with np.errstate(over="ignore"):
+        spacing = float(np.spacing(np.abs(dtype.type(fill))))
+    return min(spacing, FILL_ULP_CAP) if np.isfinite(spacing) else FILL_ULP_CAP
 
 
 def _as_close_as_original(
@@ -172,4 +196,5 @@ def compare_models(
     expected = run(original, feeds, names)
     actual = run(fused, feeds, names)
     reference = references(original, feeds, expected, names or [])
-    return {n: compare(n, e, actual[n], reference.get(n)) for n, e in expected.items() if n in actual}
+    fill = largest_fill(original, feeds)
+    return {n: compare(n, e, actual[n], reference.get(n), fill=fill) for n, e in expected.items() if n in actual}

@@ -12,7 +12,7 @@ import onnx
 from egfuse import memory, protos
 from egfuse.runner import run
 
-__all__ = ["HALF_TYPES", "references", "upcast", "upcast_feeds"]
+__all__ = ["HALF_TYPES", "largest_fill", "references", "upcast", "upcast_feeds"]
 
 HALF_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
@@ -81,6 +81,36 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT, fills: b
             elif attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i in narrow:
                 attr.i = to
     return wide
+
+
+FILL_SCAN_LIMIT = 4096
+"""Constants larger than this are weights, not fills: :func:`largest_fill` does not read them."""
+
+
+def largest_fill(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
+    """The largest finite magnitude among the float feeds and the graph's small float constants (initializers,
+    ``Constant`` and ``ConstantOfShape`` values): a mask's finite fill (−1e4, −1e6, finfo.min) where there is
+    one. A score added to it is rounded to the fill's ulp, which is how far apart two correct programs may be
+    in a query row whose every key it hides (:func:`egfuse.validate.compare`)."""
+    largest = 0.0
+
+    def see(array: np.ndarray) -> None:
+        nonlocal largest
+        if array.size and np.issubdtype(array.dtype, np.floating):
+            finite = np.abs(array[np.isfinite(array)].astype(np.float64))
+            largest = max(largest, float(finite.max()) if finite.size else 0.0)
+
+    for value in feeds.values():
+        see(np.asarray(value))
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for tensor in tensors:
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= FILL_SCAN_LIMIT and not tensor.external_data:
+            try:
+                see(onnx.numpy_helper.to_array(tensor))
+            except (ValueError, TypeError):  # a type numpy cannot hold: no fill there
+                continue
+    return largest
 
 
 def upcast_feeds(feeds: dict[str, np.ndarray], to: type = np.float32, fills: bool = False) -> dict[str, np.ndarray]:

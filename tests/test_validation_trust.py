@@ -12,7 +12,7 @@ import pytest
 
 import egfuse
 from egfuse import validate
-from egfuse.testing import Variant, attention_model, feeds_for
+from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 
 _PATH = Path(__file__).resolve().parents[1] / "experiments" / "validation_mutations.py"
 _spec = importlib.util.spec_from_file_location("validation_mutations", _PATH)
@@ -210,3 +210,52 @@ def test_float32_copies_keep_half_precision_fills_at_the_ends_of_the_range():
     assert kept[0] == -top and kept[1] == np.nextafter(-top, np.float32(0)) and kept[4] == top
     assert kept[2] == np.float32(-1e4) and kept[3] == 0.0
     assert validate.upcast_feeds({"mask": values})["mask"][0] == np.float32(half.min)
+
+
+def test_a_lucky_original_does_not_hide_the_fills_ulp():
+    """In a row a −1e4 fill hides, each score is rounded to the fill's ulp (2⁻¹⁰ in float32): the original
+    happened to land 1e-4 from the float64 answer, a correct fused op 8e-4 — eight times the original's own
+    error, within four ulps of the fill. Knowing the fill, the row is excused up to that; a fault (0.5) is
+    not, nor is any error in a row the original computes exactly, and without a fill nothing changes."""
+    reference = np.array([[0.1, 0.5, -0.3, 0.2], [0.25, -0.5, 0.75, 0.125]])
+    expected = reference.astype(np.float32)
+    expected[0] += np.float32(1e-4)  # row 0: rounded against the fill, by luck only 1e-4 off
+    actual = expected.copy()
+    actual[0, 0] += np.float32(8e-4)
+    assert not validate.compare("y", expected, actual, reference).ok
+    assert validate.compare("y", expected, actual, reference, fill=1e4).ok
+    assert not validate.compare("y", expected, actual, reference, fill=1.0).ok  # 1.0 rounds nothing away
+    faulty = expected.copy()
+    faulty[0, 0] += np.float32(0.5)
+    assert not validate.compare("y", expected, faulty, reference, fill=1e4).ok
+    ordinary = expected.copy()
+    ordinary[1, 0] += np.float32(8e-4)
+    assert not validate.compare("y", expected, ordinary, reference, fill=1e4).ok
+    zeroed = expected.copy()
+    zeroed[0] = 0.0  # a kernel's 0 for the graph's answer, however large the fill: its ulp is capped
+    assert not validate.compare("y", expected, zeroed, reference, fill=float(np.finfo(np.float32).max)).ok
+
+
+def test_the_largest_fill_is_read_from_feeds_and_small_constants():
+    """The fill is whatever finite magnitude the mask brings: a feed's −1e4 or a constant's finfo.min."""
+    model = attention_model(Variant(mask="where_finfo"))
+    feeds = feeds_for(model, seed=1)
+    assert validate.largest_fill(model, feeds) == pytest.approx(float(np.finfo(np.float32).max))
+    additive = attention_model(Variant(mask="additive"))
+    fill = validate.largest_fill(additive, {**feeds_for(additive, seed=1), "mask": np.full((1, 1), -1e4, "float32")})
+    assert fill == pytest.approx(1e4)
+
+
+def test_a_float16_position_bias_block_under_a_causal_fill_is_not_a_false_alarm():
+    """The thorough property run's counterexample: float16, a position bias, static dims, a causal Trilu and a
+    −1e4 additive mask; on fresh left-padded feeds the float32 copies differed by 0.00094 (the fill's ulp) in a
+    row the original had rounded against the fill luckily. Judged with the fill's ulp, it agrees."""
+    variant = Variant(
+        scale="q_mul", k_layout="transpose_0132", mask="additive", proj_bias=False, heads=1, head_dim=64,
+        symbolic=False, causal="trilu", dtype="float16", position_bias=True, seed=0,
+    )  # fmt: skip
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="ort")
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    fresh = feeds_for(model, seed=7, batch=3, seq=6, left_padding=True)
+    assert not disagreements(model, result.model, fresh)

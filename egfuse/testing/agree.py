@@ -55,11 +55,12 @@ def _differences(
         **validate.references(original, feeds, expected, names),
     }
     found = []
+    fill = validate.largest_fill(original, feeds)
     for name in names:
         if name not in actual:
             found.append(f"{label}: {name} missing")
             continue
-        how = {"where_defined": masks, "finite_only": finite_only}
+        how = {"where_defined": masks, "finite_only": finite_only, "fill": fill}
         cmp = validate.compare(name, expected[name], actual[name], reference.get(name), **how)
         if not cmp.ok:
             found.append(f"{label}: {name} differs by {cmp.max_abs_diff:.3g}")
