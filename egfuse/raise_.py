@@ -23,7 +23,7 @@ from egfuse.writers import WRITERS
 
 _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
            "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape", "pow": "Pow",
-           "reciprocal": "Reciprocal", "erf": "Erf"}  # fmt: skip
+           "reciprocal": "Reciprocal", "erf": "Erf", "maximum": "Max"}  # fmt: skip
 
 
 class Emitter(MaskWriter):

@@ -83,7 +83,7 @@ class MaskWriter(NodeBuilder):
                 fills.append(current)
             elif node.op == "where":  # the condition is not a mask value
                 stack.extend((view(node).a, view(node).b))
-            elif node.op in ("add", "sub", "mul", "div"):
+            elif node.op in ("add", "sub", "mul", "div", "maximum"):  # maximum: a clamp moved onto the mask
                 stack.extend(node.children)
             else:
                 fills_only = False
@@ -114,7 +114,7 @@ class MaskWriter(NodeBuilder):
             return False
         if node.op == "where":  # the condition is not a mask value
             return any(self._may_hold_lowest(c) for c in (view(node).a, view(node).b))
-        if node.op == "add":
+        if node.op in ("add", "maximum"):  # max(m, finfo.min) is finfo.min wherever m is at or below it
             return any(self._may_hold_lowest(c) for c in node.children)
         leaf = self.leaf_value(cid)
         array = self.facts.const(leaf) if leaf is not None else None

@@ -16,6 +16,9 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
         set_(scalar_of(Tensor.div(a, b))).to(x / y)
     )
     yield rule(Tensor.full_like(a, x)).then(set_(scalar_of(Tensor.full_like(a, x))).to(x))
+    yield rule(Tensor.maximum(a, b), scalar_of(a) == x, scalar_of(b) == y).then(
+        set_(scalar_of(Tensor.maximum(a, b))).to(x.max(y))
+    )
     # Rank through layout ops that keep it.
     yield rule(Tensor.transpose(a, p), rank_of(a) == r).then(set_(rank_of(Tensor.transpose(a, p))).to(r))
     yield rule(Tensor.mul(a, b), rank_of(a) == r, scalar_of(b) == x).then(set_(rank_of(Tensor.mul(a, b))).to(r))

@@ -36,6 +36,8 @@ def rules(x: Tensor, c: Tensor, m: Tensor, a: Tensor, n: String, h: String, r: i
     for lead in (lambda t: Tensor.merge_lead(t, n), lambda t: Tensor.split_lead(t, n)):
         for unary in (Tensor.tanh, lambda t: Tensor.softcap(t, f), lambda t: Tensor.cast(t, r)):
             yield rewrite(unary(lead(x))).to(lead(unary(x)))
+        # So does a clamp at a scalar (OPT's max(scores, finfo.min) on its (B·N, T, S) scores).
+        yield rewrite(Tensor.maximum(lead(x), c)).to(lead(Tensor.maximum(x, c)), scalar_of(c) == f)
     # A sum of two merges over the same second dim is the merge of the sum (the leading dims then agree).
     yield rewrite(Tensor.add(Tensor.merge_lead(x, n), Tensor.merge_lead(c, n))).to(
         Tensor.merge_lead(Tensor.add(x, c), n)

@@ -29,6 +29,8 @@ SPELLINGS = [
     {"heads_layout": "batch_folded", "position_bias": True, "mask": "padding_int"},
     {"heads_layout": "batch_folded", "clamp": True, "mask": "padding_int", "causal": "range_greater"},  # OPT
     {"clamp": True, "mask": "where_neginf", "dtype": "float16"},
+    {"clamp": True, "mask": "additive", "causal": "trilu"},  # −inf causal + finfo.min padding: the clamp matters
+    {"clamp": True, "mask": "where_finfo", "causal": "trilu", "heads_layout": "batch_folded"},
     {"heads_layout": "single", "mask": "padding_int", "causal": "range_greater"},
     {"heads_layout": "single", "scale": "split_sqrt", "mask": "where_neginf", "position_bias": True},
     {"heads_layout": "channel_first", "mask": "padding_int", "proj_bias": False},

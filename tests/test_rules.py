@@ -205,6 +205,16 @@ def test_a_clamp_at_a_very_negative_value_vanishes_under_the_softmax_and_a_mild_
     assert not proves(egraph, mild, Tensor.softmax(scores))
 
 
+def test_a_clamp_over_masked_scores_moves_onto_the_mask_and_is_not_dropped():
+    """Masked scores clamped from below keep the clamp, on the mask: a causal −inf and a finfo.min padding sum
+    to −inf, and the clamp is what makes that row the mean of V; dropping it would make it NaN."""
+    scores = Tensor.scores(q, k, 0.125)
+    clamped = Tensor.softmax(Tensor.maximum(Tensor.add(scores, m), c))
+    egraph = saturated(clamp.rules, clamped, set_(scalar_of(c)).to(f64(-3.4e38)))
+    assert proves(egraph, clamped, Tensor.softmax(Tensor.add(scores, Tensor.maximum(m, c))))
+    assert not proves(egraph, clamped, Tensor.softmax(Tensor.add(scores, m)))
+
+
 def test_a_mask_subtracted_from_summed_terms_leaves_the_scores_alone_in_the_sum():
     scores = Tensor.scores(q, k, 0.125)
     term = Tensor.sub(Tensor.add(scores, x), m)
