@@ -12,7 +12,7 @@ from pathlib import Path
 
 from egfuse import progress
 from egfuse.api import Budgets, fuse
-from egfuse.errors import EgfuseError, FeedsError
+from egfuse.errors import EgfuseError, FeedsError, UsageError
 from egfuse.load import model_files
 from egfuse.outputs import check_outputs, model_inputs
 from egfuse.save import write_text
@@ -36,8 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     targets = ", ".join(TARGETS)
 
     opt = sub.add_parser("optimize", parents=[common], help="fuse the attention blocks of a model")
-    opt.add_argument("input", type=Path, help="the .onnx model to fuse")
-    opt.add_argument("-o", "--output", type=Path, required=True, help="where to write the fused model")
+    opt.add_argument("input", type=Path, help="the .onnx model to fuse, or a folder of them (fused into -o's folder)")
+    opt.add_argument("-o", "--output", type=Path, required=True, help="where to write the fused model (or folder)")
+    opt.add_argument(
+        "-j", "--jobs", type=_positive, default=1, metavar="N", help="for a folder: models fused at once (1)"
+    )
+    opt.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="for a folder: fuse on this Ray cluster ('auto': the one this machine is in; pip install 'egfuse[ray]')",
+    )
     opt.add_argument(
         "--target", choices=list(TARGETS), default="ort", help=f"hardware target ({targets}; see `egfuse targets`)"
     )
@@ -109,6 +117,12 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def _shape_binding(text: str) -> dict[str, int]:
     binding = {}
     for item in filter(None, text.split(",")):
@@ -123,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except FeedsError as err:  # a usage error, like argparse's own
+    except (FeedsError, UsageError) as err:  # a usage error, like argparse's own
         _error(f"egfuse: error: {err}", args)
         return 2
     except EgfuseError as err:
@@ -164,6 +178,10 @@ def _error(line: str, args: argparse.Namespace) -> None:
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    if args.input.is_dir():
+        return _optimize_folder(args)
+    if args.jobs != 1 or args.ray:
+        raise UsageError("-j/--jobs and --ray fuse a folder of models; this input is one model", path=str(args.input))
     _check_outputs(args)
     feeds = _load_feeds(args.feeds) if args.feeds else None
     if feeds is not None and args.no_validate:
@@ -193,6 +211,36 @@ def _optimize(args: argparse.Namespace) -> int:
     if loud:  # also on stderr, and even with --quiet: a silent "unchanged" is the failure users complain about
         print(f"egfuse: note: {loud}", file=sys.stderr)
     return 0 if result.report.validated is not False else 1
+
+
+def _optimize_folder(args: argparse.Namespace) -> int:
+    """Every model under the folder, ``--jobs`` at once (:mod:`egfuse.batch`): one line each as it finishes,
+    a ledger to resume from, exit 1 when any failed or did not validate."""
+    from egfuse.batch import Options, optimize_folder
+
+    for flag, value in (("--report", args.report), ("--feeds", args.feeds)):
+        if value is not None:
+            raise UsageError(
+                f"{flag} is for one model; a folder's reports go beside its fused models", path=str(args.input)
+            )
+    options = Options(
+        target=args.target,
+        validate=not args.no_validate,
+        shapes=args.shape,
+        rotary=not args.no_rope,
+        raise_opset=not args.keep_opset,
+        atol=args.atol,
+        rtol=args.rtol,
+        providers=tuple(args.provider or DEFAULTS.providers),
+        validation_bytes=None if args.memory_budget == 0 else int(args.memory_budget * 2**30),
+        profile=str(args.profile) if args.profile else None,
+    )
+    echo = (lambda line: None) if args.quiet else print
+    outcomes = optimize_folder(args.input, args.output, options, workers=args.jobs, ray_address=args.ray, echo=echo)
+    bad = [o for o in outcomes if o.status in ("failed", "crashed") or o.validated is False]
+    for outcome in bad:
+        print(f"egfuse: {outcome.model}: {outcome.status}: {outcome.message}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -30,5 +30,9 @@ class UnknownTargetError(EgfuseError, ValueError):
     """A target name no registered target has (a ``ValueError`` too, as it was before it was an egfuse error)."""
 
 
+class UsageError(EgfuseError):
+    """Flags that do not go together (``--jobs`` for one model, ``--report`` for a folder): exit 2, as argparse."""
+
+
 class FeedsError(EgfuseError):
     """Inputs given for validation that do not match the model's inputs by name."""
