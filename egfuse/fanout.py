@@ -50,9 +50,11 @@ def _called(function: Callable[..., Any], job: tuple) -> Any:
 
 def _in_processes(function: Callable[..., Any], jobs: Sequence[tuple], workers: int) -> Iterator[tuple[int, Any]]:
     """A pool of spawned processes. When one dies the pool is broken and every unfinished job with it; those
-    are run again each in a pool of its own, so only the job that crashes again is :class:`Crashed`."""
+    are run again each in a pool of its own, so only the job that crashes again is :class:`Crashed`. A caller
+    that stops reading (a time budget) waits for the running jobs only."""
     unfinished: list[int] = []
-    with ProcessPoolExecutor(workers, mp_context=_SPAWN) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=_SPAWN)
+    try:
         futures: dict[Future, int] = {pool.submit(_called, function, job): i for i, job in enumerate(jobs)}
         pending = set(futures)
         while pending:
@@ -62,6 +64,8 @@ def _in_processes(function: Callable[..., Any], jobs: Sequence[tuple], workers: 
                     yield futures[future], future.result()
                 except BrokenProcessPool:
                     unfinished.append(futures[future])
+    finally:  # also when the caller stops early (a time budget): the jobs not started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
     for index in sorted(unfinished):
         with ProcessPoolExecutor(1, mp_context=_SPAWN) as alone:
             try:

@@ -45,8 +45,7 @@ import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(ROOT))
 
+from egfuse.fanout import Crashed, fan_out  # noqa: E402
 from egfuse.testing import AXES, Variant, canonical  # noqa: E402
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -174,18 +174,30 @@ def space_size(jobs: int) -> dict[str, Any]:
     }
 
 
-def _counted(cache_path: Path, jobs: int) -> dict[str, Any]:
-    """The space's size, counted once per version of the axes and of this counting (about 20 min on one core)
-    and kept in the cache file beside the tools' outcomes."""
+def _space_key() -> str:
+    """What the count depends on: the generator's axes and repair, and this counting's classes."""
     digest = hashlib.sha256((ROOT / "egfuse" / "testing" / "variant.py").read_bytes())
     digest.update(repr((CLASSES, FREE, ROPE_FREE, PAIRED, SIZES, GROUPS)).encode())
-    key = "space:" + digest.hexdigest()[:16]
+    return "space:" + digest.hexdigest()[:16]
+
+
+def _counted(cache_path: Path, jobs: int) -> dict[str, Any]:
+    """The space's size, counted once per version of the axes and of this counting (about 20 min on one core)
+    and kept in the cache file beside the tools' outcomes — or taken from the results file, which records the
+    key of the count it holds (a fresh clone has no cache)."""
+    key = _space_key()
     if cache_path.exists():
         for line in cache_path.read_text().splitlines():
             row = json.loads(line)
             if row.get("key") == key:
                 return row["space"]
-    space = space_size(jobs)
+    try:
+        recorded = json.loads((RESULTS / "variant_space.json").read_text())["space"]
+    except (OSError, ValueError, KeyError):
+        recorded = {}
+    if recorded.get("key") == key:
+        return recorded
+    space = {**space_size(jobs), "key": key}
     with cache_path.open("a") as out:
         out.write(json.dumps({"key": key, "space": space}) + "\n")
     return space
@@ -354,8 +366,8 @@ def outcomes(
     sample: list[Variant], tools: tuple[str, ...], jobs: int, cache_path: Path, minutes: float | None = None
 ) -> list[dict[str, Any] | None]:
     """Every tool on every sampled spelling, resumed from the cache; a crashed worker is a row, not the end.
-    Past ``minutes`` the spellings not yet run are left (None): which ones finish does not depend on their
-    outcome, so those that did are still a uniform sample, and a later run resumes from the cache."""
+    Past ``minutes`` the spellings not yet run are left (None) and a later run resumes from the cache; the
+    summary takes the longest finished prefix of the draws (:func:`main`)."""
     fingerprint = _fingerprint()
     cache: dict[str, dict] = {}
     if cache_path.exists():
@@ -367,39 +379,26 @@ def outcomes(
     print(f"{len(sample) - len(todo)} of {len(sample)} spellings cached; running {len(todo)}", flush=True)
     start, done = time.perf_counter(), 0
     with cache_path.open("a") as out:
-        while todo:
-            try:
-                with ProcessPoolExecutor(jobs, mp_context=_SPAWN) as pool:
-                    futures = {pool.submit(_run_variant, v, tools): v for v in todo}
-                    for future in as_completed(futures):
-                        if minutes is not None and time.perf_counter() - start > 60 * minutes:
-                            print(f"  stopped after {minutes} min: the rest resumes from the cache", flush=True)
-                            pool.shutdown(wait=False, cancel_futures=True)
-                            break
-                        variant = futures[future]
-                        outcome = {**cache.get(_key(variant), {}), **future.result()}
-                        cache[_key(variant)] = outcome
-                        out.write(
-                            json.dumps({"fingerprint": fingerprint, "key": _key(variant), "outcome": outcome}) + "\n"
-                        )
-                        out.flush()
-                        done += 1
-                        if done % 50 == 0 or done == len(todo):
-                            rate = (time.perf_counter() - start) / done
-                            print(
-                                f"  {done}/{len(todo)} spellings, {rate:.1f} s each, "
-                                f"~{rate * (len(todo) - done) / 60:.0f} min left",
-                                flush=True,
-                            )
-                todo = []
-            except BrokenProcessPool:  # a tool crashed its process: its spelling is recorded as a crash
-                crashed = [v for v in todo if _key(v) not in cache]
-                if crashed:
-                    victim = crashed[0]
-                    cache[_key(victim)] = {
-                        t: {"fused": False, "correct": False, "reason": "the process crashed"} for t in tools
-                    }
-                todo = [v for v in todo if _key(v) not in cache]
+        for index, result in fan_out(_run_variant, [(v, tools) for v in todo], workers=jobs):
+            variant = todo[index]
+            if isinstance(result, Exception):  # the process crashed (or the harness failed): a row, not the end
+                reason = "the process crashed" if isinstance(result, Crashed) else f"{type(result).__name__}: {result}"
+                result = {t: {"fused": False, "correct": False, "reason": reason[:200]} for t in tools}
+            outcome = {**cache.get(_key(variant), {}), **result}
+            cache[_key(variant)] = outcome
+            out.write(json.dumps({"fingerprint": fingerprint, "key": _key(variant), "outcome": outcome}) + "\n")
+            out.flush()
+            done += 1
+            if done % 50 == 0 or done == len(todo):
+                rate = (time.perf_counter() - start) / done
+                print(
+                    f"  {done}/{len(todo)} spellings, {rate:.1f} s each, ~{rate * (len(todo) - done) / 60:.0f} min"
+                    " left",
+                    flush=True,
+                )
+            if minutes is not None and time.perf_counter() - start > 60 * minutes:
+                print(f"  stopped after {minutes} min: the rest resumes from the cache", flush=True)
+                break
     return [cache[_key(v)] if all(t in cache.get(_key(v), {}) for t in tools) else None for v in sample]
 
 
@@ -608,8 +607,10 @@ def main(argv: list[str] | None = None) -> None:
     sample, tries = draw(args.samples, args.seed)
     tools = tuple(args.tools)
     rows = outcomes(sample, tools, args.jobs, args.cache, args.minutes)
-    finished = [(v, r) for v, r in zip(sample, rows, strict=True) if r is not None]
-    sample, rows = [v for v, _ in finished], [r for _, r in finished]
+    # The longest run of draws all finished, in draw order: the draws are independent, so it is a uniform
+    # sample whatever finished first (fast spellings finish sooner, and speed is not independent of outcome).
+    prefix = next((i for i, r in enumerate(rows) if r is None), len(rows))
+    sample, rows = sample[:prefix], [r for r in rows[:prefix] if r is not None]
     result = {
         "tools": list(tools),
         "seed": args.seed,
