@@ -513,6 +513,7 @@ def _outcome(variant: Variant) -> dict[str, Any]:
     if not covered:
         reasons = [r.reason for r in report.regions if r.status != "fused" and r.reason]
         reason = (reasons[0] if reasons else report.validation_note or f"{len(report.regions)} regions")[:200]
+    stats = report.stats
     return {
         "covered": covered,
         "fused": report.fused,
@@ -520,6 +521,11 @@ def _outcome(variant: Variant) -> dict[str, Any]:
         "validated": report.validated,
         "reason": reason,
         "seconds": round(time.perf_counter() - start, 3),
+        # the e-graph's cost with this rule set (20.4: cost against the number of rules)
+        "enodes": stats.get("enodes_after"),
+        "iterations": stats.get("iterations"),
+        "saturate_seconds": stats.get("seconds_saturate"),
+        "budget_hit": stats.get("stop_reason") not in (None, "saturated"),
     }
 
 
@@ -592,6 +598,25 @@ def _run_config(
     return outcomes
 
 
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+def _cost(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The e-graph's cost over the sample with one rule set: median e-nodes after saturation, iterations and
+    saturation seconds, and how many blocks hit a budget (iterations, e-nodes or time) before saturating."""
+    ran = [o for o in outcomes if o.get("enodes") is not None]
+    return {
+        "median_enodes": _median([o["enodes"] for o in ran]),
+        "median_iterations": _median([o["iterations"] for o in ran if o.get("iterations") is not None]),
+        "median_saturate_ms": _median(
+            [round(1000 * o["saturate_seconds"], 1) for o in ran if o.get("saturate_seconds")]
+        ),
+        "budget_hits": sum(bool(o.get("budget_hit")) for o in ran),
+    }
+
+
 def _lost_choices(lost: list[int], sample: list[Variant]) -> list[str]:
     """The choices most over-represented among lost variants (count among them vs in the whole sample)."""
     everywhere = Counter(f"{k}={v}" for variant in sample for k, v in _choices(variant).items())
@@ -616,7 +641,7 @@ def ablation(count: int, seed: int, cache_path: Path) -> dict[str, Any]:
 
     def row(core: tuple[str, ...], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(covered(outcomes))
-        return {"rules": _rule_count(core), "covered": n, "coverage": round(n / len(sample), 4)}
+        return {"rules": _rule_count(core), "covered": n, "coverage": round(n / len(sample), 4), **_cost(outcomes)}
 
     everything = _run_config(core_all, sample, cache, identical)
     library = _run_config(None, sample, cache, identical)
@@ -776,11 +801,15 @@ def markdown(results: dict[str, Any]) -> str:
         choices += f"; gains {len(r['gained'])}" if r["gained"] else ""
         lines.append(f"| `{r['family']}` | {r['family_rules']} | {r['rules']} | {r['covered']} | "
                      f"{_percent(r['coverage'])} | {r['drop']} | {choices} |")  # fmt: skip
-    lines += ["", "Cumulative (families added in this order; the target's own `ort` family is always present):", "",
-              "| added | rules | covered | coverage |", "|---|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "Cumulative (families added in this order; the target's own `ort` family is always present), with "
+              "the e-graph's cost over the sample at each step (medians; budget hits: blocks whose saturation "
+              "stopped at a budget):", "",
+              "| added | rules | covered | coverage | e-nodes | iterations | saturate ms | budget hits |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for c in a["cumulative"]:
         lines.append(f"| {('`' + c['added'] + '`') if c['added'] else '(ort only)'} | {c['rules']} | {c['covered']} | "
-                     f"{_percent(c['coverage'])} |")  # fmt: skip
+                     f"{_percent(c['coverage'])} | {c.get('median_enodes', '–')} | {c.get('median_iterations', '–')} | "
+                     f"{c.get('median_saturate_ms', '–')} | {c.get('budget_hits', '–')} |")  # fmt: skip
     lines += [
         "",
         "The sample is the property tests' own strategy (`egfuse.testing.variants()`), each spelling an "

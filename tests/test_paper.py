@@ -44,3 +44,24 @@ def test_every_figure_the_paper_shows_exists():
     assert shown
     for name in shown:
         assert (ROOT / "paper" / "figures" / name).exists(), name
+
+
+def test_the_pdf_holds_every_section_and_figure(tmp_path: Path):
+    """``paper/build_pdf.py`` typesets the whole paper: every section heading is in the PDF's text, and it holds
+    an image for every figure the paper shows (a broken image path, or a section the converter dropped, fails)."""
+    pymupdf = pytest.importorskip("pymupdf", reason="the PDF build needs the dev extra (markdown-pdf)")
+    spec = importlib.util.spec_from_file_location("build_pdf", ROOT / "paper" / "build_pdf.py")
+    build_pdf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_pdf)
+    output = tmp_path / "egfuse.pdf"
+    pages = build_pdf.build(output=output)
+    text = (ROOT / "paper" / "egfuse.md").read_text()
+    headings = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("## ")]
+    figures = text.count("](figures/")
+    with pymupdf.open(output) as document:
+        assert document.metadata["subject"] == build_pdf.SOURCE_MARK + build_pdf.source_digest(text)
+        typeset = " ".join(" ".join(page.get_text().split()) for page in document)
+        images = sum(len(page.get_images()) for page in document)
+    assert pages >= 4
+    assert headings and all(h in typeset for h in headings), [h for h in headings if h not in typeset]
+    assert images >= figures > 0
