@@ -94,6 +94,9 @@ def optimize_folder(
         raise EgfuseError("not a folder", path=str(folder))
     if output.exists() and not output.is_dir():
         raise EgfuseError("a folder of models is written into a folder; this is a file", path=str(output))
+    if output.resolve() == folder.resolve():
+        raise EgfuseError("the output folder is the input folder: fused models would replace their originals",
+                          path=str(output))  # fmt: skip
     models = models_under(folder, output)
     if not models:
         raise EgfuseError("no .onnx files under this folder", path=str(folder))
@@ -101,13 +104,14 @@ def optimize_folder(
     names = {p: p.relative_to(folder).as_posix() for p in models}
     outcomes = {names[p]: ledger.get(names[p]) for p in models}
     todo = [p for p in models if not _still_done(outcomes[names[p]], p, output / names[p])]
+    read_at = {p: p.stat().st_mtime for p in todo}  # before fusing: an input changed meanwhile is fused again
     echo(f"{len(models)} models under {folder}: {len(models) - len(todo)} done before, fusing {len(todo)}")
     jobs = [(str(p), str(output / names[p]), options) for p in todo]
     results = fan_out(_optimize_one, jobs, workers=workers, ray_address=ray_address)
     output.mkdir(parents=True, exist_ok=True)
     for finished, (index, result) in enumerate(results, 1):
         model = names[todo[index]]
-        outcome = _outcome(model, todo[index], result)
+        outcome = _outcome(model, read_at[todo[index]], result)
         outcomes[model] = outcome
         _write_ledger(output / LEDGER, options, outcomes)
         echo(f"[{finished}/{len(todo)}] {model}: {_line(outcome)}")
@@ -157,8 +161,7 @@ def _report_path(destination: str) -> str:
     return str(Path(destination).with_suffix("")) + REPORT_SUFFIX
 
 
-def _outcome(model: str, source: Path, result: Any) -> Outcome:
-    mtime = source.stat().st_mtime if source.exists() else 0.0
+def _outcome(model: str, mtime: float, result: Any) -> Outcome:
     if isinstance(result, dict):
         return Outcome(model, input_mtime=mtime, **result)
     if isinstance(result, Crashed):

@@ -75,6 +75,11 @@ def test_a_second_run_resumes_from_the_ledger(zoo: Path, tmp_path: Path):
     assert lines[0].endswith("0 done before, fusing 3")  # other options: everything again
 
 
+def test_the_input_folder_is_never_the_output_folder(zoo: Path, capsys):
+    assert main(["optimize", str(zoo), "-o", str(zoo / ".")]) == 1
+    assert "would replace their originals" in capsys.readouterr().err
+
+
 def test_an_output_folder_inside_the_input_is_not_read_as_input(zoo: Path):
     batch.optimize_folder(zoo, zoo / "fused", batch.Options(validate=False), echo=lambda line: None)
     assert [p.relative_to(zoo).as_posix() for p in batch.models_under(zoo, zoo / "fused")] == [
