@@ -99,6 +99,7 @@ def _compare_on(
     weights: protos.DetachedWeights | None,
     finite_only: bool = False,
     budget: int | None = None,
+    copies: bool = False,
 ) -> dict | None:
     """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
     where the original does not run on them."""
@@ -111,7 +112,7 @@ def _compare_on(
     except Exception:
         return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
     regions, compared = _judged(
-        original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only
+        original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only, copies
     )
     failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
     if finite_only and _half(expected):
@@ -158,7 +159,7 @@ def _compare_widened(
         memory.check(wide[0], data, budget, weights_mapped=False)
     except memory.OverBudget:
         return nothing
-    return _compare_on(wide[0], wide[1], data, names, outputs, entries, None, budget=budget) or nothing
+    return _compare_on(wide[0], wide[1], data, names, outputs, entries, None, budget=budget, copies=True) or nothing
 
 
 def _judged(
@@ -173,11 +174,14 @@ def _judged(
     budget: int | None,
     where_defined: bool = False,
     finite_only: bool = False,
+    copies: bool = False,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
-    """The comparisons on one feed set; where one fails, judged again against a float64 run of the original
-    (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is decided by rounding."""
+    """The comparisons on one feed set (``copies``: float32 copies of a half-precision model, see
+    :func:`egfuse.validate.compare`'s ``copy_of_half``); where one fails, judged again against a float64 run
+    of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
+    decided by rounding."""
     reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
-    how = {"where_defined": where_defined, "finite_only": finite_only}
+    how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
     regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how)
     if not all(c.ok for c in [*regions.values(), *compared]):
         wide = validate.references(original, data, expected, names, weights=weights, budget=budget, float32_too=True)
@@ -199,9 +203,10 @@ def _comparisons(
     where_defined: bool,
     finite_only: bool = False,
     fill: float = 0.0,
+    copy_of_half: bool = False,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """Each fused entry's output and each graph output, original against fused."""
-    how = {"where_defined": where_defined, "finite_only": finite_only, "fill": fill}
+    how = {"where_defined": where_defined, "finite_only": finite_only, "fill": fill, "copy_of_half": copy_of_half}
     regions = {
         key: validate.compare(r.output, expected[r.output], actual[r.output], reference.get(r.output), **how)
         for key, r in entries.items()

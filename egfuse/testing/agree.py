@@ -29,7 +29,8 @@ def disagreements(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: 
         found += _differences(original, optimized, data, label, masks, half)
         if half:
             wide = [validate.upcast(m, fills=True) for m in (original, optimized)]
-            found += _differences(*wide, validate.upcast_feeds(data, fills=True), f"{label}, float32 copies", True)
+            copies = validate.upcast_feeds(data, fills=True)
+            found += _differences(*wide, copies, f"{label}, float32 copies", True, copies=True)
     return found
 
 
@@ -40,6 +41,8 @@ def _differences(
     label: str,
     masks: bool,
     finite_only: bool = False,
+    *,
+    copies: bool = False,
 ) -> list[str]:
     try:
         expected = validate.run(original, feeds)
@@ -60,7 +63,7 @@ def _differences(
         if name not in actual:
             found.append(f"{label}: {name} missing")
             continue
-        how = {"where_defined": masks, "finite_only": finite_only, "fill": fill}
+        how = {"where_defined": masks, "finite_only": finite_only, "fill": fill, "copy_of_half": copies}
         cmp = validate.compare(name, expected[name], actual[name], reference.get(name), **how)
         if not cmp.ok:
             found.append(f"{label}: {name} differs by {cmp.max_abs_diff:.3g}")
