@@ -150,11 +150,8 @@ class Report:
                 name = ""
             lines.append(f"  {'' if not name else r.index:>3}  {name:<{width}} {result:<{result_width}} {details}")
             lines.extend(f"       note: {n}" for n in r.notes)
-            priced = [c for c in r.candidates if c.get("cost_us") is not None]
-            if r.status == "fused" and len(priced) > 1:
-                others = ", ".join(f"{c['form']} → {c['op']} {c['cost_us']:.0f} µs" for c in priced[1:4])
-                lines.append(f"       chosen: {priced[0]['form']} → {priced[0]['op']}, {priced[0]['cost_us']:.0f} µs "
-                             f"predicted; over {others}")  # fmt: skip
+            if r.status == "fused" and (choice := _choice_line(r)):
+                lines.append(f"       {choice}")
         timing = self.stats.get("seconds_total")
         if timing is not None:
             lines.append(
@@ -173,3 +170,21 @@ class Report:
 
 _NAME_WIDTH = 48
 """The softmax-name column's widest; a longer name gets a line of its own."""
+
+
+def _choice_line(region: RegionReport) -> str | None:
+    """The form written and what the other forms were predicted to cost. A target that fuses wherever it can
+    (``keep_unfused`` off) writes a fused op even where the graph's own ops are predicted a little cheaper:
+    the line says so rather than calling the cheaper prediction the choice."""
+    priced = [c for c in region.candidates if c.get("cost_us") is not None]
+    fused = [c for c in priced if c["form"] != "unfused"]
+    if len(priced) < 2 or not fused:
+        return None
+    written = next((c for c in fused if c["form"] == region.form), None)
+    written = written or next((c for c in fused if c["op"] == region.fused_into), fused[0])
+    others = [c for c in priced if c is not written]
+    listed = ", ".join(f"{c['form']} → {c['op']} {c['cost_us']:.0f} µs" for c in others[:3])
+    line = f"chosen: {written['form']} → {written['op']}, {written['cost_us']:.0f} µs predicted"
+    if any(c["form"] == "unfused" and c["cost_us"] < written["cost_us"] for c in others):
+        return f"{line} (this target fuses wherever it can; also priced: {listed})"
+    return f"{line}; over {listed}"

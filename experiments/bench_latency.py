@@ -1,16 +1,20 @@
 """Latency of the fused models on onnxruntime CPU, side by side with the unfused export and the other tools.
 
-Two 4-layer random models of realistic width: BERT-base-shaped (hidden 768, 12 heads) and Llama-shaped
-(hidden 768, 12 query heads, 4 KV heads, RoPE, causal), batch 1 at sequence 128 and 512. Variants:
-the dynamo export as is, onnxscript's ``optimize_for_ort``, onnxruntime's optimizer, egfuse for each
-target, and — what a user with the PyTorch source would try first — the same model re-exported at
+Five 4-layer random models of realistic width (hidden 768, 12 heads), batch 1, at sequence 128 and 512:
+BERT-base-shaped; Llama-shaped (12 query heads, 4 KV heads, RoPE, causal); the same Llama's decode step
+(one new token after 127 or 511 cached ones: ``llama_decode``); a ViT-base-shaped encoder (16-pixel patches of
+the square image nearest the length: 122 and 485 tokens); and a Whisper-encoder-shaped model (80 mel bins,
+two convolutions, ``max_source_positions`` = the length). Variants: the dynamo export as is, onnxscript's
+``optimize_for_ort``, onnxruntime's optimizer (``model_type`` bert, gpt2, vit, or bart for Whisper), egfuse
+for each target, and — what a user with the PyTorch source would try first — the same model re-exported at
 ``opset_version=23`` (torch then writes the standard ``Attention`` itself for SDPA models).
 
 Sessions use onnxruntime's default options (what users get). Runs are interleaved (variant A, B, … then
 again), medians are reported as ratios to the unfused export.
 
-    python experiments/bench_latency.py            # ~15 min on 2 cores
-    python experiments/bench_latency.py --quick    # sequence 128 only, fewer runs
+    python experiments/bench_latency.py                       # every model (~40 min on 2 cores, exports first)
+    python experiments/bench_latency.py --models vit          # one model; the others' rows are kept
+    python experiments/bench_latency.py --quick               # sequence 128 only, fewer runs
 
 Writes results/latency.json (``ratios``: ``{model: {seq: {tool: ratio to the unfused export}}}``, ``verdict``:
 the best egfuse target against the best other tool per model and sequence, ``peak``: the GFLOP/s a large
@@ -35,66 +39,177 @@ REPO = HERE.resolve().parent
 RESULTS = HERE / "results"
 MODELS = HERE / "corpus" / "latency"
 TOOLS = ["onnxscript", "ort", "egfuse:ort", "egfuse:onnx"]
+ORIGINAL = "original (dynamo, opset 18)"
 
 
-def build(kind: str):
+KINDS = ("bert", "llama", "llama_decode", "vit", "whisper_encoder")
+STATIC = {"llama_decode", "vit", "whisper_encoder"}
+"""Kinds exported once per sequence length: a ViT's patch count is its image size, a Whisper encoder's length
+its ``max_source_positions``, and a decode step's cache length is fixed for the run (torch.export cannot
+state total = past + new)."""
+MODEL_TYPE = {"bert": "bert", "llama": "gpt2", "llama_decode": "gpt2", "vit": "vit", "whisper_encoder": "bart"}
+HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB = 768, 12, 4, 4, 1000
+
+
+def tokens(kind: str, seq: int) -> int:
+    """The attention length a (kind, seq) row runs at: a ViT's patches plus its class token (16-pixel patches on
+    the square image nearest ``seq`` tokens), the cache plus the new token for a decode step, else ``seq``."""
+    if kind == "vit":
+        return round((seq - 1) ** 0.5) ** 2 + 1
+    return seq
+
+
+def _llama_config(use_cache: bool):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2048,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=1024,
+        use_cache=use_cache,
+        attn_implementation="sdpa",
+    )
+
+
+def example_inputs(kind: str, seq: int) -> dict[str, np.ndarray]:
+    """The inputs a (kind, seq) row is exported with and timed on: batch 1, all-ones masks."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (1, seq)).astype(np.int64)
+    if kind in ("bert", "llama"):
+        return {"input_ids": ids, "attention_mask": np.ones((1, seq), np.int64)}
+    if kind == "vit":
+        side = 16 * round((seq - 1) ** 0.5)
+        return {"pixel_values": rng.standard_normal((1, 3, side, side)).astype(np.float32)}
+    if kind == "whisper_encoder":
+        return {"input_features": rng.standard_normal((1, 80, 2 * seq)).astype(np.float32)}
+    feeds = {"input_ids": ids[:, :1], "attention_mask": np.ones((1, seq), np.int64)}  # llama_decode
+    for i in range(LAYERS):
+        for name in ("key", "value"):
+            feeds[f"past_{name}_{i}"] = rng.standard_normal((1, KV_HEADS, seq - 1, HIDDEN // HEADS)).astype(np.float32)
+    return feeds
+
+
+def build(kind: str, seq: int = 128):
+    """The module, its example inputs (names, arrays) and its output names."""
     import torch
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
+    from transformers import BertConfig, BertModel, LlamaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel
 
     torch.manual_seed(0)
+    inputs = example_inputs(kind, seq)
     if kind == "bert":
         cfg = BertConfig(
-            vocab_size=1000,
-            hidden_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=12,
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
             intermediate_size=3072,
             max_position_embeddings=512,
             attn_implementation="sdpa",
         )
-        model = BertModel(cfg, add_pooling_layer=False)
-    else:
-        cfg = LlamaConfig(
-            vocab_size=1000,
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=4,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-            max_position_embeddings=1024,
-            use_cache=False,
+        inner = BertModel(cfg, add_pooling_layer=False)
+    elif kind == "llama":
+        inner = LlamaModel(_llama_config(use_cache=False))
+    elif kind == "vit":
+        cfg = ViTConfig(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=3072,
+            image_size=16 * round((seq - 1) ** 0.5),
+            patch_size=16,
             attn_implementation="sdpa",
         )
-        model = LlamaModel(cfg)
+        inner = ViTModel(cfg, add_pooling_layer=False)
+    elif kind == "whisper_encoder":
+        cfg = WhisperConfig(
+            vocab_size=VOCAB,
+            d_model=HIDDEN,
+            encoder_layers=LAYERS,
+            encoder_attention_heads=HEADS,
+            encoder_ffn_dim=3072,
+            decoder_layers=1,
+            decoder_attention_heads=HEADS,
+            num_mel_bins=80,
+            max_source_positions=seq,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            attn_implementation="sdpa",
+        )
+        inner = WhisperModel(cfg).get_encoder()
+    elif kind == "llama_decode":  # one new token after seq − 1 cached ones
+        from transformers import DynamicCache
 
-    class Wrapper(torch.nn.Module):
+        cfg = _llama_config(use_cache=True)
+        inner = LlamaModel(cfg)
+
+        class Step(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = inner
+
+            def forward(self, input_ids, attention_mask, *past):
+                cache = DynamicCache(config=cfg)
+                for i in range(LAYERS):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                 use_cache=True)  # fmt: skip
+                present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+                return (out.last_hidden_state, *present)
+
+        outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(LAYERS) for k in ("key", "value")]
+        return Step().eval(), inputs, outputs
+    else:
+        raise ValueError(f"unknown model kind {kind!r}")
+
+    names = list(inputs)
+
+    class Text(torch.nn.Module):  # the signature torch.export's dynamic_shapes are written against
         def __init__(self) -> None:
             super().__init__()
-            self.model = model
+            self.model = inner
 
         def forward(self, input_ids, attention_mask):
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    return Wrapper().eval()
+    class Single(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, x):
+            return self.model(**{names[0]: x}).last_hidden_state
+
+    return (Text() if len(names) == 2 else Single()).eval(), inputs, ["last_hidden_state"]
 
 
-def export(kind: str, opset: int) -> Path:
+def model_path(kind: str, opset: int, seq: int) -> Path:
+    return MODELS / (f"{kind}_s{seq}_opset{opset}.onnx" if kind in STATIC else f"{kind}_opset{opset}.onnx")
+
+
+def export(kind: str, opset: int, seq: int = 128) -> Path:
     import torch
 
-    path = MODELS / f"{kind}_opset{opset}.onnx"
+    path = model_path(kind, opset, seq)
     if path.exists():
         return path
     MODELS.mkdir(parents=True, exist_ok=True)
-    model = build(kind)
-    ids = torch.randint(0, 1000, (1, 128))
-    mask = torch.ones(1, 128, dtype=torch.int64)
-    seq = torch.export.Dim("sequence", min=2, max=1024)
+    model, inputs, outputs = build(kind, seq)
+    dynamic = None
+    if kind not in STATIC:
+        length = torch.export.Dim("sequence", min=2, max=1024)
+        dynamic = tuple({1: length} for _ in inputs)
     program = torch.onnx.export(
         model,
-        (ids, mask),
-        input_names=["input_ids", "attention_mask"],
-        output_names=["last_hidden_state"],
-        dynamic_shapes=({1: seq}, {1: seq}),
+        tuple(torch.from_numpy(a) for a in inputs.values()),
+        input_names=list(inputs),
+        output_names=outputs,
+        dynamic_shapes=dynamic,
         opset_version=opset,
         dynamo=True,
     )
@@ -103,7 +218,7 @@ def export(kind: str, opset: int) -> Path:
 
 
 def optimize(tool: str, source: Path, kind: str) -> tuple[Path | None, str]:
-    out = MODELS / f"{kind}.{tool.replace(':', '_')}.onnx"
+    out = source.with_name(source.name.replace("_opset18", "").replace(".onnx", f".{tool.replace(':', '_')}.onnx"))
     if out.exists():
         return out, ""
     cmd = [
@@ -114,14 +229,17 @@ def optimize(tool: str, source: Path, kind: str) -> tuple[Path | None, str]:
         "--out",
         str(out),
         "--heads",
-        "12",
+        str(HEADS),
         "--hidden",
-        "768",
+        str(HIDDEN),
         "--model-type",
-        "bert" if kind == "bert" else "gpt2",
+        MODEL_TYPE[kind],
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    record = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return None, (proc.stderr.strip().splitlines() or ["the optimizer wrote nothing"])[-1][:200]
+    record = json.loads(lines[-1])
     if not record.get("ok"):
         return None, record.get("error", "failed")
     return out, json.dumps(record.get("fused"))
@@ -156,12 +274,14 @@ def _timed(session, feeds) -> float:
 
 def model_gflop(kind: str, seq: int) -> float:
     """The model's matrix-multiply work at batch 1 (projections, MLP, scores and values), GFLOP."""
-    hidden, layers = 768, 4
-    if kind == "bert":
-        per_layer = 2 * seq * hidden * (4 * hidden + 2 * 3072) + 4 * seq * seq * hidden
-    else:  # Llama-shaped: q and o full width, k and v a third (4 of 12 heads), gated MLP
-        per_layer = 2 * seq * hidden * (hidden * (2 + 2 / 3) + 3 * 2048) + 4 * seq * seq * hidden
-    return layers * per_layer / 1e9
+    hidden, n = HIDDEN, tokens(kind, seq)
+    if kind in ("bert", "vit", "whisper_encoder"):
+        per_layer = 2 * n * hidden * (4 * hidden + 2 * 3072) + 4 * n * n * hidden
+    elif kind == "llama":  # q and o full width, k and v a third (4 of 12 heads), gated MLP
+        per_layer = 2 * n * hidden * (hidden * (2 + 2 / 3) + 3 * 2048) + 4 * n * n * hidden
+    else:  # a decode step: one token's projections and MLP, its scores and values over the n cached positions
+        per_layer = 2 * hidden * (hidden * (2 + 2 / 3) + 3 * 2048) + 4 * n * hidden
+    return LAYERS * per_layer / 1e9
 
 
 def time_model(path: Path, feeds: dict, runs: int) -> float | str:
@@ -184,36 +304,47 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="measure these; the others' rows are kept from results/latency.json")  # fmt: skip
     args = parser.parse_args(argv)
     seqs = [128] if args.quick else [128, 512]
     runs = 5 if args.quick else 10
-    results: dict = {"seqs": seqs, "reps": args.reps, "runs_per_rep": runs, "models": {}}
+    results: dict = {"reps": args.reps, "runs_per_rep": runs, "models": {}}
+    previous = RESULTS / "latency.json"
+    if previous.exists() and set(args.models) != set(KINDS):
+        old = json.loads(previous.read_text())
+        for kind, data in old.get("models", {}).items():
+            if kind not in args.models:
+                data.setdefault("seqs", old.get("seqs", seqs))
+                results["models"][kind] = data
     results["peak"] = {"matmul_gflops": round(matmul_peak_gflops(), 1)}
-    for kind in ("bert", "llama"):
-        source = export(kind, 18)
-        variants: dict[str, Path | None] = {"original (dynamo, opset 18)": source}
-        notes: dict[str, str] = {}
-        for tool in TOOLS:
-            variants[tool], notes[tool] = optimize(tool, source, kind)
-        try:
-            variants["torch opset 23"] = export(kind, 23)
-        except Exception as err:  # recorded, not fatal
-            variants["torch opset 23"], notes["torch opset 23"] = None, f"export failed: {err}"
-        table: dict[str, dict[int, list]] = {name: {s: [] for s in seqs} for name in variants}
+    for kind in args.models:
+        table: dict[str, dict[str, list]] = {}
+        paths: dict[str, dict[str, str | None]] = {}
+        notes: dict[str, dict[str, str]] = {}
         for s in seqs:
-            rng = np.random.default_rng(0)
-            feeds = {
-                "input_ids": rng.integers(0, 1000, (1, s)).astype(np.int64),
-                "attention_mask": np.ones((1, s), np.int64),
-            }
+            key = str(s)
+            source = export(kind, 18, s)
+            variants: dict[str, Path | None] = {ORIGINAL: source}
+            notes[key] = {}
+            for tool in TOOLS:
+                variants[tool], notes[key][tool] = optimize(tool, source, kind)
+            try:
+                variants["torch opset 23"] = export(kind, 23, s)
+            except Exception as err:  # recorded, not fatal
+                variants["torch opset 23"], notes[key]["torch opset 23"] = None, f"export failed: {err}"[:300]
+            paths[key] = {name: _relative(v) if v else None for name, v in variants.items()}
+            feeds = example_inputs(kind, s)
             for rep in range(args.reps):
                 for name, path in variants.items():  # interleaved
-                    value = time_model(path, feeds, runs) if path is not None else notes.get(name, "not built")
-                    table[name][s].append(value)
+                    value = time_model(path, feeds, runs) if path is not None else notes[key].get(name, "not built")
+                    table.setdefault(name, {}).setdefault(key, []).append(value)
                     shown = f"{value * 1000:.1f} ms" if isinstance(value, float) else value[:60]
                     print(f"{kind} S={s} rep {rep + 1} {name:<28} {shown}", flush=True)
         results["models"][kind] = {
-            "variants": {k: _relative(v) if v else None for k, v in variants.items()},
+            "seqs": seqs,
+            "tokens": {str(s): tokens(kind, s) for s in seqs},
+            "variants": paths,
             "notes": notes,
             "seconds": table,
         }
@@ -233,20 +364,21 @@ def _median(values: list) -> float | None:
 
 def write(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    lines = ["| model | seq | " + " | ".join(next(iter(results["models"].values()))["seconds"]) + " |"]
-    lines.append("|---|---|" + "---|" * len(next(iter(results["models"].values()))["seconds"]))
+    columns = [ORIGINAL, *TOOLS, "torch opset 23"]
+    lines = ["| model | seq | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     ratios_vs_onnxscript = {}
     ratios: dict = {}
     verdict: dict = {}
     achieved: dict = {}
     for kind, data in results["models"].items():
-        for s in results["seqs"]:
-            base = _median(data["seconds"]["original (dynamo, opset 18)"][s])
+        for seq in data["seqs"]:
+            s = str(seq)
+            base = _median(data["seconds"][ORIGINAL][s])
             if base:
                 ratios.setdefault(kind, {})[str(s)] = {
                     name: round(m / base, 3)
                     for name, by_seq in data["seconds"].items()
-                    if name != "original (dynamo, opset 18)" and (m := _median(by_seq[s]))
+                    if name != ORIGINAL and (m := _median(by_seq[s]))
                 }
                 ours = {k: v for k, v in ratios[kind][str(s)].items() if k.startswith("egfuse")}
                 others = {k: v for k, v in ratios[kind][str(s)].items() if not k.startswith("egfuse")}
@@ -260,16 +392,17 @@ def write(results: dict) -> None:
                     (m for by_seq in data["seconds"].values() if (m := _median(by_seq[s]))), default=None
                 )
                 if best_seconds:
-                    achieved.setdefault(kind, {})[str(s)] = round(model_gflop(kind, s) / best_seconds, 1)
+                    achieved.setdefault(kind, {})[str(s)] = round(model_gflop(kind, seq) / best_seconds, 1)
             cells = []
-            for by_seq in data["seconds"].values():
+            for by_seq in (data["seconds"].get(name, {s: ["not run"]}) for name in columns):
                 m = _median(by_seq[s])
                 if m is None:
                     reason = next((v for v in by_seq[s] if isinstance(v, str)), "n/a")
                     cells.append(f"— ({reason[:50]})")
                 else:
                     cells.append(f"{m * 1000:.1f} ms ({m / base:.2f}×)" if base else f"{m * 1000:.1f} ms")
-            lines.append(f"| {kind} | {s} | " + " | ".join(cells) + " |")
+            shown = s if tokens(kind, seq) == seq else f"{s} ({tokens(kind, seq)} tokens)"
+            lines.append(f"| {kind} | {shown} | " + " | ".join(cells) + " |")
             ours = _median(data["seconds"]["egfuse:ort"][s])
             theirs = _median(data["seconds"]["onnxscript"][s])
             if ours and theirs:

@@ -552,6 +552,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"(max {it['max']:.0f}) | {sec['median']:.2f} / {sec['max']:.2f} | {e['budget_hit']} of {e['runs']} | "
             f"{e['covered_when_budget_hit']} |"
         )
+    lines += ["", "Against the block's size (its ONNX node count):", ""]
+    lines += ["| target | block | spellings | e-nodes after (median / max) | saturate s (median / max) | covered |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for tool, e in result["egraph"].items():
+        for band in ("≤ 40 nodes", "41–80 nodes", "> 80 nodes"):
+            if (b := e["by_block_size"].get(band)) is not None:
+                n, sec = b["enodes_after"], b["seconds_saturate"]
+                lines.append(
+                    f"| {tool} | {band} | {b['runs']} | {n['median']:.0f} / {n['max']:.0f} | "
+                    f"{sec['median']:.2f} / {sec['max']:.2f} | {100 * b['covered']:.0f}% |"
+                )
     lines += ["", "## Most common reasons a spelling is not covered", ""]
     for tool in tools:
         lines.append(

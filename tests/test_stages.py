@@ -153,3 +153,23 @@ def test_the_cost_of_attention_grows_with_the_sequence():
     short = CostModel(target.for_shapes({"seq": 16}), shapes).time(node)
     long = CostModel(target.for_shapes({"seq": 1024}), shapes).time(node)
     assert short is not None and long is not None and long > 10 * short
+
+
+def test_report_names_the_written_form_even_where_its_own_ops_were_priced_lower():
+    """The ort target fuses wherever it can: a fused region whose own ops were predicted cheaper must not be
+    reported as if the unfused form had been chosen."""
+    from egfuse.report import RegionReport, Report
+
+    region = RegionReport(0, "softmax_0", "fused", fused_into="com.microsoft.Attention", form="packed_attention")
+    region.candidates = [
+        {"form": "unfused", "op": "the graph's own ops", "cost_us": 3051.0},
+        {"form": "packed_attention", "op": "com.microsoft.Attention", "cost_us": 3127.0},
+        {"form": "attend", "op": "Attention", "cost_us": 3193.0},
+    ]
+    report = Report(source="m.onnx", target="ort", regions=[region])
+    line = next(line for line in str(report).splitlines() if "chosen:" in line)
+    assert "chosen: packed_attention → com.microsoft.Attention, 3127 µs" in line
+    assert "fuses wherever it can" in line and "unfused → the graph's own ops 3051 µs" in line
+    region.candidates = [*region.candidates[1:], {"form": "unfused", "op": "the graph's own ops", "cost_us": 4000.0}]
+    line = next(line for line in str(report).splitlines() if "chosen:" in line)
+    assert line.strip().startswith("chosen: packed_attention") and "; over attend → Attention 3193 µs" in line
