@@ -97,6 +97,14 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
 
 WHOLE_ROW = "a row fully masked"
 """The label of the feed set whose batch row 0 has every key masked."""
+LARGE_SCORES = "large scores"
+"""The label of the feed set with the float inputs scaled by :data:`LARGE_SCALE` on the most masked keys."""
+LARGE_SCALE = 4.0
+"""How much larger the float inputs of the :data:`LARGE_SCORES` set are: scores that Q and K both scale grow
+16×, past what a finite fill absorbs (S − 1e9 rounds back to −1e9 in float32 only for |S| < 32). A query row
+whose keys a select fill replaces entirely is uniform in the graph; a fused op that adds the scores to a
+finite fill instead is uniform only while the fill absorbs them — standard-normal feeds rarely make scores
+that large, so without this set such a rewrite could validate and still change what the row computes."""
 
 
 def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
@@ -104,8 +112,9 @@ def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
     is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the
     last row on the right), random masks (each row keeping at least one key), a batch row whose every key is
     padding, and — for a float mask, whose convention a name does not tell — the same padding written
-    additively (0 and finfo.min), which also masks every key of some query rows under a causal mask. Empty
-    when the model takes no mask.
+    additively (0 and finfo.min), which also masks every key of some query rows under a causal mask; and
+    the most masked of those with the float inputs :data:`LARGE_SCALE` times larger (:data:`LARGE_SCORES`).
+    Empty when the model takes no mask.
 
     A query row whose every key is masked means what the graph computes for it: in float32 the fill absorbs
     the scores (``S + finfo.min`` rounds to the fill, and so does ``S − 1e30``), so the row is uniform and its
@@ -137,6 +146,13 @@ def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
             additive[name] = np.where(heavy > 0, 0.0, np.finfo(value.dtype).min).astype(value.dtype)
     if additive:
         sets["additive padding"] = additive
+    scaled = {
+        name: (value * LARGE_SCALE).astype(value.dtype)
+        for name, value in feeds.items()
+        if name not in masks and np.issubdtype(np.asarray(value).dtype, np.floating)
+    }
+    if scaled:  # the most masked keys there are, with the scores LARGE_SCALE² as large (Q and K scale alike)
+        sets[LARGE_SCORES] = {**sets.get(WHOLE_ROW, sets["heavy padding"]), **scaled}
     return {label: {**feeds, **changed} for label, changed in sets.items()}
 
 

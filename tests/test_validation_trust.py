@@ -48,8 +48,11 @@ def test_masks_are_exercised_beyond_one_padded_position():
     model = attention_model(Variant(heads=2))
     base = validate.make_feeds(model)
     sets = validate.mask_feed_sets(base)
-    assert set(sets) == {"heavy padding", "random masks", "additive padding", "a row fully masked"}
+    assert set(sets) == {"heavy padding", "random masks", "additive padding", "a row fully masked", "large scores"}
     whole = sets["a row fully masked"]["mask"]
+    large = sets["large scores"]  # the most masked keys, every other float input four times larger
+    assert np.array_equal(large["mask"], whole)
+    assert all(np.array_equal(large[n], 4 * base[n]) for n in base if n != "mask" and base[n].dtype.kind == "f")
     assert (whole[0] == np.finfo(np.float32).min).all() and (whole[1:] == 0).any()
     heavy = sets["heavy padding"]["mask"]
     assert (heavy[0, ..., : heavy.shape[-1] // 2] == 0).all() and (heavy[-1, ..., -(heavy.shape[-1] // 2) :] == 0).all()
@@ -284,3 +287,28 @@ def test_a_float16_soft_capped_block_is_not_a_false_alarm_on_its_float32_copies(
     result = egfuse.fuse(model, target="ort")
     assert result.report.validated is True and result.report.fused == 1, str(result.report)
     assert not disagreements(model, result.model, feeds_for(model, seed=718, batch=3, seq=6, left_padding=True))
+
+
+def test_a_finite_select_fill_moved_onto_scores_is_caught_where_it_stops_absorbing_them(monkeypatch):
+    """The variant space's false pass: ``Where(¬m, −1e9, S + b)`` under a causal Trilu and OPT's clamp, fused as
+    ``S + Where(¬m, −1e9, b)``. A query row whose every key is masked is uniform in the graph (the select
+    replaced its scores); the fused op gives the softmax of ``S − 1e9`` rounded to float32's ulp there (64)
+    — the same only while |S| < 32, which standard-normal feeds rarely make. Without the large-scores feeds
+    this validated; with them the region is rolled back."""
+    from egfuse import inputs
+
+    variant = Variant(
+        heads=4, head_dim=8, kv_heads=1, mask="where_reversed", causal="trilu", clamp=True, scale="none",
+        position_bias=True, einsum=True, heads_layout="batch_folded", k_layout="dynamo_3d", seed=32644,
+    )  # fmt: skip
+    model = attention_model(variant)
+    region = egfuse.fuse(model, target="ort").report.regions[0]
+    assert region.status == "rolled back" and "large scores" in (region.reason or ""), region.reason
+
+    monkeypatch.setattr(inputs, "LARGE_SCALE", 1.0)  # the feeds as they were: the fusion validated
+    fused = egfuse.fuse(model, target="ort")
+    assert fused.report.fused == 1
+    feeds = validate.make_feeds(model)
+    large = validate.mask_feed_sets(feeds)["a row fully masked"]
+    large = {n: v * 4 if n != "mask" and v.dtype.kind == "f" else v for n, v in large.items()}
+    assert disagreements(model, fused.model, large), "the fused op computes what the graph did: nothing to catch"
