@@ -64,6 +64,9 @@ class Emitter(MaskWriter):
         """Operands that are graph values are read as they are, even where their class holds a fused form: a
         norm or activation reads an attention's output as the graph computes it (that region writes its own
         op; writing it again here would duplicate it)."""
+        self.fill_scales: dict[EClass, float] = {}
+        """Power-of-two factors for finite select fills, so they absorb the scores (see
+        :meth:`~egfuse.raise_masks.MaskWriter.mark_exact_fills`)."""
         self.exact_fills: set[EClass] = set()
         """Select-mask fills (``full_like``) written as the graph's own number, not respelled by
         :func:`~egfuse.raise_masks.mask_fill`: the mask holds other terms (see :meth:`mark_exact_fills`)."""
@@ -222,7 +225,9 @@ class Emitter(MaskWriter):
         if op == "full_like":
             like = self.value(a.like)
             dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            fill = float(a.fill) if cid in self.exact_fills else mask_fill(float(a.fill), dtype)
+            scale = self.fill_scales.get(cid, 1.0)  # a finite select fill made to absorb the scores
+            exact = scale == 1.0 and cid in self.exact_fills
+            fill = float(a.fill) if exact else mask_fill(float(a.fill), dtype, scale)
             return self.const(np.array(fill, dtype=dtype), "fill")
         if op == "zero_bias":
             weight = self.constant_array(a.weight)

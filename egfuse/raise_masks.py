@@ -12,6 +12,7 @@ from egfuse.enodes import view
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
 from egfuse.node_builder import NodeBuilder
+from egfuse.rules.masks import ABSORBING_FILL, MASK_FILL_MAX
 from egfuse.session import EClass
 
 _LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
@@ -24,6 +25,7 @@ class MaskWriter(NodeBuilder):
     choice: dict[EClass, Choice]
     facts: GraphFacts
     exact_fills: set[EClass]
+    fill_scales: dict[EClass, float]
 
     def value(self, cid: EClass) -> ir.Value:
         raise NotImplementedError
@@ -89,6 +91,28 @@ class MaskWriter(NodeBuilder):
                 fills_only = False
         if not fills_only:
             self.exact_fills.update(fills)
+        self._scale_finite_fills(fills)
+
+    def _scale_finite_fills(self, fills: list[EClass]) -> None:
+        """Give the finite select fills of a mask one power-of-two factor that makes them absorb any score
+        (:func:`absorbing_scale`).
+
+        The rules moved the select onto the scores (``Where(m, S, F)`` → ``S + Where(m, 0, F)``), which is the
+        graph's meaning only while ``S + F`` rounds back to F: a query row whose every key is masked is uniform
+        in the graph (the select replaced its scores) but the softmax of ``S + F`` in the fused op — the same
+        for F = −1e9 only while |S| < 32 in float32. Scaled by 2^k to at least 1e30 in magnitude, F absorbs
+        every score; masked keys of other rows still get weight exp(F − max) = 0; one factor for every fill
+        of the mask keeps how the fills and their sums compare; and a term beside them that is 0, finfo.min
+        or −inf where they mask (a causal mask) sums with F·2^k as with F (finfo.min absorbs both). A term
+        with other values there (a bias added after the select) is the graph's own rounding of F + b, which
+        neither form keeps for large scores: validation's large-scores feeds decide. A fill already given
+        another factor by another mask keeps it."""
+        values = [float(view(self.choice[f].node).fill) for f in fills]
+        scale = absorbing_scale(values, len(fills))
+        if scale is not None:
+            for f, value in zip(fills, values, strict=True):
+                if scalable(value):
+                    self.fill_scales.setdefault(f, scale)
 
     def finite_mask(self, bias: EClass, mask: ir.Value | None) -> ir.Value | None:
         """``mask`` with its entries equal to finfo.min moved one ulp up, for onnxruntime's standard
@@ -123,7 +147,26 @@ class MaskWriter(NodeBuilder):
         return True
 
 
-def mask_fill(fill: float, dtype: np.dtype) -> float:
+def absorbing_scale(fills: list[float], terms: int) -> float | None:
+    """The power of two that takes the smallest finite select fill of a mask to at least 1e30 in magnitude
+    (float32: ``S + F`` then rounds to F for |S| < 2^75), or None where there is nothing to scale or it is
+    not a mask: a fill above −1e4, or a factor that could make ``terms`` of them overflow. Zeros and fills
+    that already absorb (−inf, finfo.min, ≤ −1e30) are left out: they keep their values, and compare with
+    the scaled fills as with the originals (finfo.min still absorbs them)."""
+    finite = [f for f in fills if scalable(f)]
+    if not finite or any(0.0 > f > MASK_FILL_MAX or f > 0.0 for f in fills):
+        return None
+    smallest, largest = min(-f for f in finite), max(-f for f in finite)
+    scale = 2.0 ** int(np.ceil(np.log2(-ABSORBING_FILL / smallest)))
+    return scale if largest * scale * max(terms, 1) < 1e37 else None
+
+
+def scalable(fill: float) -> bool:
+    """A finite mask fill that does not absorb the scores: one :func:`absorbing_scale` scales."""
+    return bool(np.isfinite(fill)) and ABSORBING_FILL < fill <= MASK_FILL_MAX
+
+
+def mask_fill(fill: float, dtype: np.dtype, scale: float = 1.0) -> float:
     """The number to write for a select mask's fill so every kernel computes what the graph did.
 
     onnxruntime's standard ``Attention`` reads a mask entry equal to ``lowest`` (finfo.min) as −inf and gives 0
@@ -132,7 +175,10 @@ def mask_fill(fill: float, dtype: np.dtype) -> float:
     fully masked row stays uniform) and to every kernel, so every target gets that — for a mask made of fills
     alone: next to another term that may hold ``lowest`` (a padding mask) the moved fill would break their tie,
     so the emitter writes the fill as it is there (:meth:`Emitter.mark_exact_fills`) and the standard op gets
-    the whole mask moved instead (:meth:`Emitter.finite_mask`)."""
+    the whole mask moved instead (:meth:`Emitter.finite_mask`). ``scale``: the factor
+    :meth:`MaskWriter.mark_exact_fills` gave a finite fill so it absorbs the scores (float32 and float64)."""
+    if scale != 1.0 and dtype in (np.float32, np.float64):  # float16 holds no fill that absorbs float32 scores
+        return float(dtype.type(fill * scale))
     lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
     if lowest is not None and fill == float(lowest):
         return float(np.nextafter(lowest, dtype.type(0)))

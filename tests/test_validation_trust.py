@@ -289,26 +289,52 @@ def test_a_float16_soft_capped_block_is_not_a_false_alarm_on_its_float32_copies(
     assert not disagreements(model, result.model, feeds_for(model, seed=718, batch=3, seq=6, left_padding=True))
 
 
-def test_a_finite_select_fill_moved_onto_scores_is_caught_where_it_stops_absorbing_them(monkeypatch):
+def _large_scores(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """A batch row with every key masked, the other float inputs four times larger (scores 16×)."""
+    whole = validate.mask_feed_sets(validate.make_feeds(model))["a row fully masked"]
+    return {n: v * 4 if n != "mask" and v.dtype.kind == "f" else v for n, v in whole.items()}
+
+
+def test_a_finite_select_fill_is_written_so_it_absorbs_the_scores(monkeypatch):
     """The variant space's false pass: ``Where(¬m, −1e9, S + b)`` under a causal Trilu and OPT's clamp, fused as
     ``S + Where(¬m, −1e9, b)``. A query row whose every key is masked is uniform in the graph (the select
-    replaced its scores); the fused op gives the softmax of ``S − 1e9`` rounded to float32's ulp there (64)
-    — the same only while |S| < 32, which standard-normal feeds rarely make. Without the large-scores feeds
-    this validated; with them the region is rolled back."""
-    from egfuse import inputs
+    replaced its scores); the fused op gave the softmax of ``S − 1e9`` rounded to float32's ulp there (64) —
+    the same only while |S| < 32, which standard-normal feeds rarely make, so it validated. The fill is now
+    written times a power of two (≥ 1e30 in magnitude, absorbing any score): the fused op computes what the
+    graph did on scores of any size. Without that, the large-scores feeds catch the difference."""
+    from egfuse import inputs, raise_masks
 
     variant = Variant(
         heads=4, head_dim=8, kv_heads=1, mask="where_reversed", causal="trilu", clamp=True, scale="none",
         position_bias=True, einsum=True, heads_layout="batch_folded", k_layout="dynamo_3d", seed=32644,
     )  # fmt: skip
     model = attention_model(variant)
+    result = egfuse.fuse(model, target="ort")
+    assert result.report.fused == 1 and result.report.validated
+    nodes = result.model.graph.node
+    scalars = [onnx.numpy_helper.to_array(a.t) for n in nodes for a in n.attribute if a.name == "value"]
+    assert any(s.size == 1 and -3e38 < float(s.ravel()[0]) <= -1e30 for s in scalars)  # −1e9·2^70, written
+    assert not disagreements(model, result.model, _large_scores(model))
+
+    monkeypatch.setattr(raise_masks, "absorbing_scale", lambda fills, terms: None)  # the fill as the graph wrote it
     region = egfuse.fuse(model, target="ort").report.regions[0]
     assert region.status == "rolled back" and "large scores" in (region.reason or ""), region.reason
+    monkeypatch.setattr(inputs, "LARGE_SCALE", 1.0)  # and the feeds as they were: it validated, yet differs
+    unscaled = egfuse.fuse(model, target="ort")
+    assert unscaled.report.fused == 1
+    assert disagreements(model, unscaled.model, _large_scores(model))
 
-    monkeypatch.setattr(inputs, "LARGE_SCALE", 1.0)  # the feeds as they were: the fusion validated
-    fused = egfuse.fuse(model, target="ort")
-    assert fused.report.fused == 1
-    feeds = validate.make_feeds(model)
-    large = validate.mask_feed_sets(feeds)["a row fully masked"]
-    large = {n: v * 4 if n != "mask" and v.dtype.kind == "f" else v for n, v in large.items()}
-    assert disagreements(model, fused.model, large), "the fused op computes what the graph did: nothing to catch"
+
+def test_absorbing_scale_keeps_how_fills_compare():
+    """One power of two for every finite fill of a mask: −1e4 and −1e9 keep their order and ratio; finfo.min
+    and −inf are left as they are (they already absorb); a fill above −1e4 is not a mask."""
+    from egfuse.raise_masks import absorbing_scale, mask_fill
+
+    scale = absorbing_scale([-1e9, 0.0, float(np.finfo(np.float32).min)], 3)
+    assert scale is not None and scale == 2.0**70
+    big = mask_fill(-1e9, np.dtype(np.float32), scale)
+    assert big <= -1e30 and np.float32(big) + np.float32(1e6) == np.float32(big)  # absorbs a score of 1e6
+    two = absorbing_scale([-1e4, -1e9], 2)
+    assert mask_fill(-1e4, np.dtype(np.float32), two) > mask_fill(-1e9, np.dtype(np.float32), two)
+    assert absorbing_scale([-1.0], 1) is None and absorbing_scale([float("-inf")], 1) is None
+    assert mask_fill(-1e4, np.dtype(np.float16), 2.0**87) == -1e4  # float16 holds no absorbing fill
