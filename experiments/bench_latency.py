@@ -143,27 +143,11 @@ def build(kind: str, seq: int = 128):
         )
         inner = WhisperModel(cfg).get_encoder()
     elif kind == "llama_decode":  # one new token after seq − 1 cached ones
-        from transformers import DynamicCache
+        from corpus import cache_step  # the corpus's decoder step with a KV cache
 
         cfg = _llama_config(use_cache=True)
-        inner = LlamaModel(cfg)
-
-        class Step(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = inner
-
-            def forward(self, input_ids, attention_mask, *past):
-                cache = DynamicCache(config=cfg)
-                for i in range(LAYERS):
-                    cache.update(past[2 * i], past[2 * i + 1], i)
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                 use_cache=True)  # fmt: skip
-                present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-                return (out.last_hidden_state, *present)
-
-        outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(LAYERS) for k in ("key", "value")]
-        return Step().eval(), inputs, outputs
+        step, outputs = cache_step(LlamaModel(cfg), cfg)
+        return step.eval(), inputs, outputs
     else:
         raise ValueError(f"unknown model kind {kind!r}")
 

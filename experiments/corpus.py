@@ -217,31 +217,40 @@ _deberta = _hf("DebertaV2Config", "DebertaV2Model", _ids, {"vocab_size": VOCAB, 
 PAST = 5
 
 
+def cache_step(model, cfg):
+    """``model`` (a transformers decoder) as one step with a KV cache: ``(input_ids, attention_mask, *past)``
+    in, the last hidden state and the present keys/values (as graph tensors) out; with its output names."""
+    import torch
+    from transformers import DynamicCache
+
+    layers = cfg.num_hidden_layers
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):  # one tuple, like every wrapper here (see ``_dynamic_axes``)
+            input_ids, attention_mask, *past = args
+            cache = DynamicCache(config=cfg)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                             use_cache=True)  # fmt: skip
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.last_hidden_state, *present)
+
+    outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(layers) for k in ("key", "value")]
+    return Step().eval(), outputs
+
+
 def _with_past(make_config, make_model, kv_heads: int):
     """A decoder step with a KV cache: past keys/values in, present keys/values out (as graph tensors)."""
 
     def build():
-        import torch
-        from transformers import DynamicCache
-
         cfg = make_config()
-        model = make_model(cfg).eval()
+        step, outputs = cache_step(make_model(cfg).eval(), cfg)
         layers = cfg.num_hidden_layers
-
-        class Wrapper(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, *args):  # one tuple, like every wrapper here (see ``_dynamic_axes``)
-                input_ids, attention_mask, *past = args
-                cache = DynamicCache(config=cfg)
-                for i in range(layers):
-                    cache.update(past[2 * i], past[2 * i + 1], i)
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                 use_cache=True)  # fmt: skip
-                present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-                return (out.last_hidden_state, *present)
 
         rng = np.random.default_rng(0)
         mask = np.ones((2, PAST + 3), np.int64)
@@ -251,8 +260,7 @@ def _with_past(make_config, make_model, kv_heads: int):
             for kind in ("key", "value"):
                 shape = (2, kv_heads, PAST, HIDDEN // HEADS)
                 feeds[f"past_{kind}_{i}"] = rng.standard_normal(shape).astype(np.float32)
-        outputs = ["last_hidden_state"] + [f"present_{k}_{i}" for i in range(layers) for k in ("key", "value")]
-        return Wrapper().eval(), feeds, outputs
+        return step, feeds, outputs
 
     return build
 
