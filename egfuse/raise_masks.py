@@ -64,7 +64,8 @@ class MaskWriter(NodeBuilder):
 
     def mark_exact_fills(self, cid: EClass) -> None:
         """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of
-        fills alone.
+        fills alone; and give its finite fills the factor that makes them absorb the scores
+        (:meth:`_scale_finite_fills`).
 
         ``S + Where(m, b, F)`` and ``S + (Where(m, 0, F) + b)`` are the graph's select masks exactly in float32
         for F = finfo.min: where m is false they give F + b or F (−inf where b = finfo.min too; S + F rounds

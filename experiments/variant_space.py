@@ -452,6 +452,10 @@ def summarise(sample: list[Variant], rows: list[dict[str, Any]], tools: tuple[st
     }
 
 
+BLOCK_BANDS = ("≤ 40 nodes", "41–80 nodes", "> 80 nodes")
+"""The block sizes (ONNX nodes) the e-graph cost is broken down by, in order."""
+
+
 def egraph_cost(rows: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
     """Per egfuse target: the e-graph's size and saturation work over the sample, against the block's size
     (its node count), how often saturation stopped on a budget instead of saturating, and coverage there."""
@@ -463,7 +467,7 @@ def egraph_cost(rows: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str,
         budget = [r for r in runs if r["stop_reason"] != "saturated"]
         by_size: dict[str, list[dict]] = {}
         for r in runs:
-            band = "≤ 40 nodes" if r["nodes"] <= 40 else "41–80 nodes" if r["nodes"] <= 80 else "> 80 nodes"
+            band = BLOCK_BANDS[0] if r["nodes"] <= 40 else BLOCK_BANDS[1] if r["nodes"] <= 80 else BLOCK_BANDS[2]
             by_size.setdefault(band, []).append(r)
         out[tool] = {
             "runs": len(runs),
@@ -556,7 +560,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["| target | block | spellings | e-nodes after (median / max) | saturate s (median / max) | covered |"]
     lines += ["|---|---|---|---|---|---|"]
     for tool, e in result["egraph"].items():
-        for band in ("≤ 40 nodes", "41–80 nodes", "> 80 nodes"):
+        for band in BLOCK_BANDS:
             if (b := e["by_block_size"].get(band)) is not None:
                 n, sec = b["enodes_after"], b["seconds_saturate"]
                 lines.append(
