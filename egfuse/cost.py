@@ -18,19 +18,23 @@ from egfuse.dims import Dim
 from egfuse.enodes import view
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
-from egfuse.targets.spec import LAYER_OPS, FusedOp, TargetSpec
+from egfuse.targets.spec import LAYER_OPS, ROTARY_OPS, FusedOp, TargetSpec
 
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
 
-_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape"})
+_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze"})
 """Reshapes: no data moves, one node dispatched."""
 _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 """Constructors that raise to more than one node."""
-_FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0}
-_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "gelu": 12.0, "bias_gelu": 13.0}
-"""FLOPs an element: a norm's mean, centring, square, variance, scale, shift; GELU's erf (a polynomial)."""
+_FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0, "cos": 10.0, "sin": 10.0}
+_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "gelu": 12.0, "bias_gelu": 13.0,
+                "rotary": 3.0}  # fmt: skip
+"""FLOPs an element: a norm's mean, centring, square, variance, scale, shift; GELU's erf (a polynomial); a
+rotation's two products and a sum."""
+_ELEMENTWISE_FUSED = LAYER_OPS | ROTARY_OPS
+"""Fused constructors that read and write one tensor's elements (priced by :data:`_LAYER_FLOPS`)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class CostModel:
     def _fused_cost(self, node: ENode, op: FusedOp) -> float | None:
         if not self.value_types <= op.dtypes:
             return None
-        if node.op not in LAYER_OPS and not self._takes(node, op):
+        if node.op not in _ELEMENTWISE_FUSED and not self._takes(node, op):
             return None
         work = self._fused_work(node, op)
         if work is None:
@@ -140,7 +144,7 @@ class CostModel:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
         and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head.
         A norm reads its input and writes its output once, with a few FLOPs an element."""
-        if node.op in LAYER_OPS:
+        if node.op in _ELEMENTWISE_FUSED:
             x = self.dims(view(node).x)  # γ and β: one value per feature
             if x is None:
                 return None
@@ -199,19 +203,20 @@ class CostModel:
             lead = max(math.prod(a[:-2]), math.prod(b[:-2]))
             out = lead * (a[-2] if len(a) > 1 else 1) * b[-1]
             return Work(2.0 * out * a[-1], (sizes[0] + sizes[1] + out) * ELEMENT_BYTES)
-        if op in ("concat", "part", "cols_before", "cols_from"):  # copies: what they write, read once
+        if op in ("concat", "part", "cols_before", "cols_from", "strided", "rows"):  # copies
             out = sum(sizes) if op == "concat" else sizes[0] / 2
             axis = int(view(node).axis) if op == "part" else 0
             if -len(ins[0]) <= axis < 0:
                 out = sizes[0] * int(view(node).size) / max(ins[0][axis], 1)
             return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
-                  "nan_to_zero", "transpose", "repeat_heads", "pow", "reciprocal", "reduce_mean", "erf"):  # fmt: skip
+                  "nan_to_zero", "transpose", "repeat_heads", "pow", "reciprocal", "reduce_mean", "erf", "neg", "cos",
+                  "sin"):  # fmt: skip
             out = max(sizes) if sizes else 1
             if op == "repeat_heads":
                 out *= int(view(node).times)
             return Work(_FLOPS_PER_ELEMENT.get(op, 1.0) * out, (sum(sizes) + out) * ELEMENT_BYTES, _NODES.get(op, 1))
-        return None  # canonical forms (scores, probs, softcap) are never written
+        return None  # canonical forms (scores, probs, softcap, interleave) are never written
 
     def _roofline(self, work: Work, efficiency: float) -> float:
         params = self.spec.costs

@@ -20,20 +20,9 @@ from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Lik
 from egfuse.perms import perm_string, perm_table, swap_table
 
 __all__ = [
-    "Tensor",
-    "dim_of",
-    "dtype_of",
-    "finite",
-    "head_invariant",
-    "heads_of",
-    "is_weight",
-    "perm_string",
-    "perm_table",
-    "perm_then",
-    "rank_of",
-    "scalar_of",
-    "swap_last2",
-]
+    "Tensor", "dim_of", "dtype_of", "finite", "halves_repeat", "head_invariant", "heads_of", "is_weight",
+    "last_dim", "perm_string", "perm_table", "perm_then", "rank_of", "scalar_of", "swap_last2",
+]  # fmt: skip
 
 
 class Tensor(Expr):
@@ -117,6 +106,38 @@ class Tensor(Expr):
     @classmethod
     def part(cls, a: Tensor, axis: i64Like, start: i64Like, size: i64Like) -> Tensor:
         """``a[…, start : start + size, …]`` along ``axis`` (counted from the end): one piece of a Split."""
+
+    # --- rotary embeddings (:mod:`egfuse.rules.rotary`): the rotation and its cos/sin tables ---------------------
+    @classmethod
+    def neg(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def cos(cls, a: Tensor) -> Tensor: ...
+    @classmethod
+    def sin(cls, a: Tensor) -> Tensor: ...
+
+    @classmethod
+    def unsqueeze(cls, a: Tensor, axis: i64Like) -> Tensor:
+        """A new unit axis at ``axis`` of the result, counted from the end (ONNX's negative axes)."""
+
+    @classmethod
+    def rows(cls, table: Tensor, index: Tensor) -> Tensor:
+        """``Gather(table, index, axis=0)``: rows of a table (``cos_cached[position_ids]``)."""
+
+    @classmethod
+    def strided(cls, a: Tensor, start: i64Like) -> Tensor:
+        """``a[…, start::2]``: the even (0) or odd (1) features of an even-width last axis."""
+
+    @classmethod
+    def interleave(cls, a: Tensor, b: Tensor) -> Tensor:
+        """``[a₀, b₀, a₁, b₁, …]`` along the last axis: ``stack((a, b), -1).flatten(-2)``."""
+
+    @classmethod
+    def rotary(
+        cls, x: Tensor, cos: Tensor, sin: Tensor, heads_axis: i64Like, interleaved: i64Like, rotary_dim: i64Like
+    ) -> Tensor:
+        """The standard ``RotaryEmbedding`` on the first ``rotary_dim`` features of a 4D ``x`` whose heads are
+        on ``heads_axis`` (1 or 2), the rest kept. ``cos``/``sin`` are (b, S, ·) tables: rotate-half ones as
+        wide as the rotation with equal halves (the op reads the first), interleaved ones half as wide."""
 
     @classmethod
     def cols_before(cls, a: Tensor, n: StringLike) -> Tensor:
@@ -211,17 +232,8 @@ class Tensor(Expr):
         the standard op's 3D form (``q_num_heads``)."""
 
     @classmethod
-    def gqa(
-        cls,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        bias: Tensor,
-        scale: f64Like,
-        cap: f64Like,
-        heads: StringLike,
-        kv_heads: StringLike,
-    ) -> Tensor:
+    def gqa(cls, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: f64Like, cap: f64Like, heads: StringLike,
+            kv_heads: StringLike) -> Tensor:  # fmt: skip
         """``mha`` whose K and V have fewer heads (B, T, N_kv·H): the standard op's 3D form with ``q_num_heads``
         ≠ ``kv_num_heads``. No contrib op takes it without a causal mask (GroupQueryAttention is causal)."""
 
@@ -233,19 +245,8 @@ class Tensor(Expr):
         are no longer a plain head split of a projection."""
 
     @classmethod
-    def packed_attention(
-        cls,
-        x: Tensor,
-        wq: Tensor,
-        wk: Tensor,
-        wv: Tensor,
-        bq: Tensor,
-        bk: Tensor,
-        bv: Tensor,
-        bias: Tensor,
-        scale: f64Like,
-        heads: StringLike,
-    ) -> Tensor:
+    def packed_attention(cls, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, bk: Tensor, bv: Tensor,
+                         bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:  # fmt: skip
         """``com.microsoft.Attention``: the Q/K/V projections of one input and attention in one op."""
 
 
@@ -296,6 +297,15 @@ attention on a few heads and on all of them read it alike."""
 
 finite = relation("finite", Tensor)
 """Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""
+
+
+@function(merge=lambda old, new: old)
+def last_dim(x: Tensor) -> i64:
+    """The static size of the last axis, where known: how wide a rotation is."""
+
+
+halves_repeat = relation("halves_repeat", Tensor)
+"""Its last axis is two equal halves, ``t[…, R/2:] == t[…, :R/2]``: a rotate-half cos/sin table."""
 
 
 def constructor_names() -> list[str]:

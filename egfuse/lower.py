@@ -24,6 +24,10 @@ class Lowerer(LayoutTerms, PieceTerms):
     """Lowers regions one by one into a shared :class:`Lowered` table: the op dispatch lives here, the op
     families' terms in their own modules."""
 
+    @property
+    def _rotary_heads(self) -> set[str]:
+        return {self.n[name] for name in _ROTARY_TERMS}
+
     def lower(self, region: Region) -> None:
         produced = self._inside = {v for node in region.nodes for v in node.outputs}
         escaping = set(region.outputs) - {region.main_output}  # kept by the graph whatever the region becomes
@@ -42,6 +46,11 @@ class Lowerer(LayoutTerms, PieceTerms):
                 continue
             self.table.commands.append(f"(union {ref} {term})")
             self._facts(out, ref, leaf=False)
+            spread = node.op_type in ("Expand", "Tile") and term != args[0]  # a pair axis: Concat(a, a)
+            if spread or term.split(" ", 1)[0][1:] in self._rotary_heads:
+                # Ops only rotations are proven through (a table's Cos, Gather, Unsqueeze …): the graph's own value
+                # stays readable, so every other region reads it as before.
+                self.table.commands.append(f"(union {ref} {self._leaf(out)})")
             if node.op_type == "Concat" and out in escaping:
                 # A join the graph keeps anyway (a KV cache's present output): reading it costs nothing more.
                 self.table.commands.append(f"(union {ref} {self._leaf(out)})")
@@ -71,8 +80,12 @@ class Lowerer(LayoutTerms, PieceTerms):
             return self._expand(node, args[0])
         if op == "Identity":
             return args[0]
-        if op in ("IsNaN", "Sqrt", "Tanh", "Reciprocal", "Erf"):
+        if op in ("IsNaN", "Sqrt", "Tanh", "Reciprocal", "Erf", "Neg", "Cos", "Sin"):
             return self._call(op.lower(), args[0])
+        if op == "Gather":
+            return self._rows(node, args)
+        if op == "Tile":
+            return self._tile(node, args[0])
         if op == "Pow":
             return self._call("pow", args[0], args[1])
         if op == "ReduceMean":
@@ -144,7 +157,11 @@ class Lowerer(LayoutTerms, PieceTerms):
         return self._call("softmax", arg)
 
 
+_ROTARY_TERMS = ("neg", "cos", "sin", "rows", "strided", "unsqueeze")
+"""Terms of ops that only rotations are proven through."""
+
+
 def _required_inputs(op: str) -> int:
     required = {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Expand": 2, "Slice": 3,
-                "Pow": 2}  # fmt: skip
+                "Pow": 2, "Gather": 2, "Tile": 2}  # fmt: skip
     return required.get(op, 1)

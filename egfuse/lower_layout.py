@@ -132,9 +132,23 @@ class LayoutTerms(TermWriter):
         """An Expand to the shape its input already has is the identity (dynamo's batched MatMul writes one
         before each 3D reshape); one that broadcasts stays opaque (repeat_kv reads it through its Reshape)."""
         src, dst = self.facts.shape(node.inputs[0]), self.facts.shape(node.outputs[0])
-        if src is None or dst is None or None in src or src != dst:
+        if src is not None and dst is not None and None not in src and src == dst:
+            return arg
+        return self._pair_spread(node, arg, src, dst)
+
+    def _tile(self, node: ir.Node, arg: str) -> str | None:
+        """A Tile that doubles only the last axis: ``Concat(a, a)`` on it."""
+        repeats = self.facts.const(node.inputs[1])
+        if repeats is None or [int(r) for r in repeats.reshape(-1)][-1:] != [2] or set(repeats.reshape(-1)[:-1]) - {1}:
             return None
-        return arg
+        return self._call("concat", arg, arg, "-1")
+
+    def _pair_spread(self, node: ir.Node, arg: str, src: tuple | None, dst: tuple | None) -> str | None:
+        """An Expand of a unit last axis to 2, nothing else broadcast: ``Concat(a, a)`` on it (the pair axis of
+        ``repeat_interleave(t, 2)``, which a Reshape then merges)."""
+        if src is None or dst is None or len(src) != len(dst) or src[:-1] != dst[:-1] or None in src[:-1]:
+            return None
+        return self._call("concat", arg, arg, "-1") if (src[-1], dst[-1]) == (Dim(1), Dim(2)) else None
 
     def _reshape(self, node: ir.Node, args: list[str | None]) -> str | None:
         """Read a Reshape as the layout change it performs, from the symbolic in/out shapes.

@@ -104,11 +104,13 @@ class PieceTerms(TermWriter):
         starts, ends = self._elements(ins[1]), self._elements(ins[2])
         if axes is None or steps is None or starts is None or ends is None or axes.size != 1 or len(starts) != 1:
             return None
-        if len(ends) != 1 or int(steps.reshape(-1)[0]) != 1 or not -rank <= int(axes.reshape(-1)[0]) < rank:
+        if len(ends) != 1 or not -rank <= int(axes.reshape(-1)[0]) < rank:
             return None
         axis = int(axes.reshape(-1)[0]) % rank - rank
         (start,), (end,) = starts, ends
         whole = shape[axis]
+        if int(steps.reshape(-1)[0]) != 1:
+            return self._strided(arg, axis, start, end, whole, int(steps.reshape(-1)[0]))
         to_end = end is not None and ((end.static is not None and end.static >= 2**31 - 1) or end == whole)
         if start is None or (end is None and not to_end):
             return None
@@ -137,14 +139,47 @@ class PieceTerms(TermWriter):
 
     def _unit_heads_axis(self, node: ir.Node, arg: str) -> str | None:
         """Squeezing the unit axis 1 of a rank-4 tensor merges it into the batch, unsqueezing axis 1 of a rank-3
-        one splits a unit axis off it: per-head attention's (B, 1, S, H) ↔ (B, S, H)."""
+        one splits a unit axis off it: per-head attention's (B, 1, S, H) ↔ (B, S, H). Any Unsqueeze is also
+        ``unsqueeze`` terms, one new axis at a time (a cos table unsqueezed at the heads axis)."""
         axes = axes_input(node, self.facts)
         rank = self.facts.rank(node.inputs[0])
-        if axes is None or len(axes) != 1 or rank is None:
+        if axes is None or rank is None:
             return None
-        if node.op_type == "Squeeze" and rank == 4 and axes[0] % 4 == 1:
+        if node.op_type == "Unsqueeze":
+            return self._unsqueezed(arg, rank, axes)
+        if len(axes) == 1 and rank == 4 and axes[0] % 4 == 1:
             shape = self.facts.shape(node.inputs[0])
             return self._call("merge_lead", arg, quoted(1)) if shape is not None and shape[1] == Dim(1) else None
-        if node.op_type == "Unsqueeze" and rank == 3 and axes[0] % 4 == 1:
-            return self._call("split_lead", arg, quoted(1))
         return None
+
+    def _unsqueezed(self, arg: str, rank: int, axes: list[int]) -> str | None:
+        out_rank = rank + len(axes)
+        if len({a % out_rank for a in axes}) != len(axes) or not all(-out_rank <= a < out_rank for a in axes):
+            return None
+        term, current = arg, rank
+        for axis in sorted(a % out_rank for a in axes):  # each axis of the result, inserted in ascending order
+            current += 1
+            term = self._call("unsqueeze", term, str(axis - current))
+        if rank == 3 and [a % 4 for a in axes] == [1]:
+            heads = self._call("split_lead", arg, quoted(1))
+            self.table.commands.append(f"(union {heads} {term})")
+            return heads
+        return term
+
+    def _strided(self, arg: str, axis: int, start: Dim | None, end: Dim | None, whole: Dim | None, step: int):
+        """``a[…, 0::2]`` or ``a[…, 1::2]`` of an even-width last axis: the pairs an interleaved rotation swaps."""
+        if axis != -1 or step != 2 or whole is None or whole.static is None or whole.static % 2:
+            return None
+        if start is None or start.static not in (0, 1) or end is None or end.static is None:
+            return None
+        if end.static < whole.static:
+            return None
+        return self._call("strided", arg, str(start.static))
+
+    def _rows(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """``Gather`` of rows (axis 0) of a table of rank ≥ 2: the positions' rows of a cos/sin cache."""
+        rank = self.facts.rank(node.inputs[0])
+        attr = node.attributes.get("axis")
+        if rank is None or rank < 2 or (0 if attr is None else int(attr.value)) % rank != 0:
+            return None
+        return self._call("rows", args[0], args[1])

@@ -102,6 +102,8 @@ class TermWriter:
             last = shape[2]  # the head size of a (B, S, H) single head
             if last is not None and last.static is not None:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
+        if shape is not None and shape and shape[-1] is not None and shape[-1].static is not None:
+            cmds.append(f"(set ({self.n['last_dim']} {term}) {shape[-1].static})")
         if not leaf:
             return
         scalar = self.facts.scalar(value)
@@ -114,6 +116,10 @@ class TermWriter:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
         if const is not None and np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)):
             cmds.append(f"({self.n['finite']} {term})")
+        if const is not None and const.ndim >= 2 and const.shape[-1] % 2 == 0 and const.shape[-1] > 0:
+            half = const.shape[-1] // 2  # a stored cos/sin table: its halves compared, once
+            if np.issubdtype(const.dtype, np.floating) and np.array_equal(const[..., :half], const[..., half:]):
+                cmds.append(f"({self.n['halves_repeat']} {term})")
 
     def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
         if value is None:

@@ -23,7 +23,8 @@ from egfuse.writers import WRITERS
 
 _SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
            "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape", "pow": "Pow",
-           "reciprocal": "Reciprocal", "erf": "Erf", "maximum": "Max"}  # fmt: skip
+           "reciprocal": "Reciprocal", "erf": "Erf", "maximum": "Max", "neg": "Neg", "cos": "Cos", "sin": "Sin",
+           "rows": "Gather"}  # fmt: skip
 
 
 class Emitter(MaskWriter):
@@ -257,6 +258,12 @@ class Emitter(MaskWriter):
             ends = [self.const(np.array([0], np.int64), "at"), cut] if op == "cols_before" else [
                 cut, self.const(np.array([2**63 - 1], np.int64), "to_end")]  # fmt: skip
             return self.node("Slice", [x, *ends, self.const(np.array([-1], np.int64), "axis")], like=x)
+        if op == "unsqueeze":
+            return self.unsqueeze(self.value(a.a), int(a.axis))
+        if op == "strided":  # a[..., start::2]
+            x = self.value(a.a)
+            ins = [self.const(np.array([v], np.int64), "at") for v in (int(a.start), 2**62, -1, 2)]
+            return self.node("Slice", [x, *ins], like=x)
         if op == "nan_to_zero":
             x, zero = self.value(a.a), self.value(a.zero)
             return self.node("Where", [self.node("IsNaN", [x]), zero, x], like=x)

@@ -182,10 +182,11 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
     return found
 
 
-def find_regions(graph: ir.Graph, facts: GraphFacts) -> list[Region]:
+def find_regions(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node] | None = None) -> list[Region]:
+    """One region per Softmax; nodes already ``claimed`` (a rotation's) stay outside every region."""
     order = {node: i for i, node in enumerate(graph)}
     regions: list[Region] = []
-    claimed: set[ir.Node] = set()
+    claimed = set(claimed or ())
     for node in graph:
         if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
             continue

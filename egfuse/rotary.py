@@ -1,91 +1,124 @@
-"""Rotary position embeddings (RoPE): find them, prove them, write one ``RotaryEmbedding`` op for each.
+"""Rotary position embeddings (RoPE): the regions a rotation spans, lowered into the e-graph like attention.
 
 Exporters spell RoPE as ``x·cos + rotate(x)·sin`` on the first R of H features of each head (R = H, or
-partial: the rest concatenated back unchanged), in one of two pairings of the features:
-
-- rotate-half (Llama): ``rotate(x) = [−x₂, x₁]`` for the two halves of x, with tables of width R that must
-  repeat their halves — ``cos = f(Concat(θ, θ))`` for an elementwise ``f``;
-- interleaved (GPT-J): ``rotate(x)`` pairs features (2i, 2i+1) into ``(−x₂ᵢ₊₁, x₂ᵢ)`` (``Slice`` with step 2,
-  stacked and flattened), with tables whose features come in equal adjacent pairs — ``repeat_interleave(c, 2)``
-  (a size-1 axis broadcast to 2 and merged into the last).
-
-The op computes ``[x₁·c − x₂·s, x₂·c + x₁·s]`` from tables ``c``, ``s`` of width R/2, in the same pairing, so
-the two agree exactly when the tables have that repeated structure. That is proven here from the graph (or
-from the values, for a stored table), never assumed; the op then reads the half-width tables. x is
-(B, N, S, H) (tables unsqueezed at axis 1: the op's 4D form) or (B, S, N, H) (tables unsqueezed at axis 2: the
-op's 3D form, on x with its heads merged).
-
-A rotation is found from its one unmistakable node, the ``Concat`` that puts ``Neg`` in front; every check
-after that says in the report why it failed. Rotations stay out of the attention e-graph: their output is an
-ordinary value to the attention regions, so a rotation that is not fused never blocks attention.
+partial: the rest concatenated back unchanged), rotate-half (Llama) or interleaved (GPT-J). A region is found
+from the rotation's one unmistakable node, the ``Concat`` that puts ``Neg`` in front, and holds the rotate, the
+products, the sum, a partial rotation's ends and the ops its cos/sin tables are computed with. What it
+computes is decided by the rules (:mod:`egfuse.rules.rotary`: the tables are proven to repeat what the op
+reads), extraction chooses ``RotaryEmbedding`` by cost where the target writes it, and
+:mod:`egfuse.rotary_write` writes it. A region the rules prove nothing of keeps its ops; the report says why
+(:mod:`egfuse.rotary_check`). A rotation's output is an ordinary value to the attention regions, so a rotation
+that is not fused never blocks attention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
-from egfuse.regions import single_consumer
-from egfuse.rotary_tables import NoMatch, axis_of, producer, table_for
+from egfuse.regions import Region, _with_outputs, single_consumer
+from egfuse.report import RotaryReport
+from egfuse.rotary_check import explain
+from egfuse.rotary_tables import producer
+from egfuse.session import EClass
+from egfuse.targets.spec import ROTARY_OPS, FusedOp
 
 
 @dataclass
-class Rotation:
-    """A proven RoPE on a 4D ``x``: (B, N, S, H) when ``heads_axis`` is 1, (B, S, N, H) when it is 2."""
+class RotaryRegion:
+    """A rotation's nodes, found from its anchor: lowered into the e-graph, where the rules decide what it is."""
 
-    x: ir.Value
-    output: ir.Value  # the value the rotation computes (the Add, or the Concat that puts back x[..., R:])
-    cos: ir.Value  # (b, S, R/2) tables (interleaved), or (b, S, R) whose first half the op reads; b is B or 1
-    sin: ir.Value
-    rotary_dim: int  # R
-    head_size: int  # H
-    heads: int  # N
-    heads_axis: int
-    interleaved: bool
-    expand_batch: bool  # the tables' batch may be 1 where x's is not: onnxruntime wants them expanded to B
-
-    @property
-    def variant(self) -> str:
-        kind = "interleaved" if self.interleaved else "rotate-half"
-        if self.rotary_dim == self.head_size:
-            return kind
-        return f"{kind}, partial ({self.rotary_dim} of {self.head_size} features)"
-
-
-@dataclass
-class Candidate:
-    index: int
+    region: Region
     anchor: ir.Node  # the node whose output is rotate(x)
-    rotation: Rotation | None
-    reason: str | None  # why ``rotation`` is None
-
-    @property
-    def output_name(self) -> str:
-        value = self.rotation.output if self.rotation else self.anchor.outputs[0]
-        return value.name or ""
+    reason: str | None  # what the structural check says is not a fusable rotation (None: it sees none)
+    variant: str  # rotate-half or interleaved, partial or not: the report's name for it
 
 
-def find_rotations(graph: ir.Graph, facts: GraphFacts) -> list[Candidate]:
-    found: list[Candidate] = []
+_TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "Mul", "Div", "Identity", "Neg",
+                        "Expand", "Tile", "Reshape"})  # fmt: skip
+"""Ops a cos/sin table is computed with, after its angles: walked back from the products that read it."""
+_MAX_TABLE_DEPTH = 8
+
+
+def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion]:
+    """Each rotation's neighbourhood, from the ``Concat`` that puts ``Neg`` in front: the rotate, the products
+    and the sum (and a partial rotation's slice and concatenation back), and the table ops that feed the
+    products. Tables are shared: each region holds their ops, so each proves its own."""
+    order = {node: i for i, node in enumerate(graph)}
+    found: list[RotaryRegion] = []
     for node in graph:
         spelling = _spelling(node)
         if spelling is None:
             continue
-        anchor = node
-        try:
-            if spelling == "interleaved":  # the stacked pairs are flattened by the Reshape that reads them
-                # (a Shape may read them too: TorchScript computes the flattened shape from them)
-                users = [use.node for use in node.outputs[0].uses() if use.node.op_type != "Shape"]
-                if len(users) != 1 or users[0].op_type != "Reshape":
-                    raise NoMatch("the stacked pairs are not flattened by one Reshape")
-                anchor = users[0]
-            rotation, reason = _match(node, anchor, spelling == "interleaved", facts), None
-        except NoMatch as why:
-            rotation, reason = None, str(why)
-        found.append(Candidate(len(found), anchor, rotation, reason))
+        anchor, members = node, _rotate_nodes(node)
+        if spelling == "interleaved":  # the stacked pairs are flattened by the Reshape that reads them
+            users = [use.node for use in node.outputs[0].uses() if use.node.op_type != "Shape"]
+            anchor = users[0] if len(users) == 1 and users[0].op_type == "Reshape" else node
+            members.add(anchor)
+        reason, variant = explain(node, anchor, spelling == "interleaved", facts)
+        output, around = _around(anchor, members)
+        members |= around
+        region = Region(index=len(found), softmax=anchor, nodes=sorted(members, key=order.__getitem__))
+        found.append(RotaryRegion(_with_outputs(region, output), anchor, reason, variant))
+    return found
+
+
+def _rotate_nodes(concat: ir.Node) -> set[ir.Node]:
+    members, frontier = {concat}, [v for v in concat.inputs if v is not None]
+    while frontier:  # Unsqueeze, Neg, Slice back to the rotated tensor
+        node = frontier.pop().producer()
+        if node is not None and node.op_type in ("Unsqueeze", "Neg", "Slice") and node not in members:
+            members.add(node)
+            if node.op_type != "Slice":
+                frontier.append(node.inputs[0])
+    return members
+
+
+def _around(anchor: ir.Node, members: set[ir.Node]) -> tuple[ir.Value, set[ir.Node]]:
+    """The products, the sum and the partial rotation's ends around ``rotate(x)``, with the table ops; and the
+    value the rotation computes (``rotate(x)`` itself where they are not there)."""
+    rotated = anchor.outputs[0]
+    mul_sin = single_consumer(rotated)
+    add = single_consumer(mul_sin.outputs[0]) if mul_sin is not None and mul_sin.op_type == "Mul" else None
+    if add is None or add.op_type != "Add":
+        return rotated, set()
+    around = {mul_sin, add}
+    mul_cos = next((v.producer() for v in add.inputs if v is not mul_sin.outputs[0] and v is not None), None)
+    slices = [n for n in members if n.op_type == "Slice"]
+    kept = {rotated} | {n.inputs[0] for n in slices}
+    if mul_cos is not None and mul_cos.op_type == "Mul":
+        around.add(mul_cos)
+    for product in around - {add}:
+        for value in product.inputs:
+            if value is not None and value not in kept:
+                around |= _table_nodes(value)
+    output = add.outputs[0]
+    source = slices[0].inputs[0].producer() if slices else None
+    putback = single_consumer(output)
+    if source is not None and source.op_type == "Slice" and putback is not None and putback.op_type == "Concat":
+        around |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
+        output = putback.outputs[0]
+    return output, {n for n in around if n is not None}
+
+
+def _table_nodes(value: ir.Value) -> set[ir.Node]:
+    found: set[ir.Node] = set()
+    frontier = [(value, 0)]
+    while frontier:
+        value, depth = frontier.pop()
+        node = value.producer()
+        if node is None or node in found or depth > _MAX_TABLE_DEPTH or node.op_type not in _TABLE_OPS:
+            continue
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        found.add(node)
+        for v in node.inputs:
+            if v is not None and v.dtype is not None and v.dtype.is_floating_point():
+                frontier.append((v, depth + 1))
     return found
 
 
@@ -106,117 +139,41 @@ def _spelling(concat: ir.Node) -> str | None:
     return spelling
 
 
-def _match(concat: ir.Node, anchor: ir.Node, interleaved: bool, facts: GraphFacts) -> Rotation:
-    neg, kept_part = (producer(v) for v in concat.inputs)
-    if interleaved:
-        neg, kept_part = producer(neg.inputs[0]), producer(kept_part.inputs[0])
-    negated_part = producer(neg.inputs[0])
-    xr = kept_part.inputs[0]
-    shape = facts.shape(xr)
-    if shape is None or len(shape) != 4:
-        raise NoMatch("the rotated tensor is not known to be 4D")
-    width = shape[-1].static if shape[-1] is not None else None
-    if width is None or width % 2:
-        raise NoMatch("the rotated width is not a known even number")
-    half = width // 2
-    if interleaved:
-        _check_interleaved(concat, anchor, kept_part, negated_part, xr, width, facts)
-    else:
-        if axis_of(concat.attributes, 4) != 3:
-            raise NoMatch("rotate_half does not concatenate along the last axis")
-        if _slice_range(kept_part, facts, width) != (0, half, 1) or _slice_range(negated_part, facts, width) != (
-            half,
-            width,
-            1,
-        ):
-            raise NoMatch("the swapped halves are not x[..., :R/2] and x[..., R/2:]")
-    rotated = anchor.outputs[0]
-    mul_sin = _only_consumer(rotated, "Mul")
-    sin4 = _other_input(mul_sin, rotated)
-    add = _only_consumer(mul_sin.outputs[0], "Add")
-    mul_cos = _other_input(add, mul_sin.outputs[0]).producer()
-    if mul_cos is None or mul_cos.op_type != "Mul" or xr not in mul_cos.inputs:
-        raise NoMatch("the rotation's other term is not x · cos")
-    cos4 = _other_input(mul_cos, xr)
-    x, output, head = xr, add.outputs[0], width
-    source = producer(xr)
-    if source is not None and source.op_type == "Slice":  # partial: x[..., :R] rotated, x[..., R:] kept
-        x = source.inputs[0]
-        x_shape = facts.shape(x)
-        head = x_shape[-1].static if x_shape and len(x_shape) == 4 and x_shape[-1] is not None else None
-        if head is None or _slice_range(source, facts, head) != (0, width, 1):
-            raise NoMatch("the rotated part is not x[..., :R] of a 4D x with a known head size")
-        putback = _only_consumer(output, "Concat")
-        kept = producer(putback.inputs[1]) if len(putback.inputs) == 2 and putback.inputs[0] is output else None
-        if (
-            kept is None
-            or kept.op_type != "Slice"
-            or kept.inputs[0] is not x
-            or _slice_range(kept, facts, head) != (width, head, 1)
-            or axis_of(putback.attributes, 4) != 3
-        ):
-            raise NoMatch("the rotated part is not concatenated back with x[..., R:]")
-        output = putback.outputs[0]
-    cos, heads_axis, cos_batch = table_for(cos4, x, width, interleaved, facts, "cos")
-    sin, sin_heads_axis, sin_batch = table_for(sin4, x, width, interleaved, facts, "sin")
-    if heads_axis != sin_heads_axis:
-        raise NoMatch("the cos and sin tables are unsqueezed at different axes")
-    heads = facts.shape(x)[heads_axis]
-    if heads is None or heads.static is None:
-        raise NoMatch("the number of heads is not known statically")
-    if not (x.dtype == cos.dtype == sin.dtype):
-        raise NoMatch("the cos/sin tables and x have different element types")
-    return Rotation(x, output, cos, sin, width, head, heads.static, heads_axis, interleaved, cos_batch or sin_batch)
-
-
-def _check_interleaved(
-    concat: ir.Node, reshape: ir.Node, even: ir.Node, odd: ir.Node, xr: ir.Value, width: int, facts: GraphFacts
-) -> None:
-    """``Reshape(Concat(Unsqueeze(−x[..., 1::2], -1), Unsqueeze(x[..., 0::2], -1), axis=-1))`` back to x's
-    shape: the pairs (−x₂ᵢ₊₁, x₂ᵢ) flattened in order."""
-    if _slice_range(even, facts, width) != (0, width, 2) or _slice_range(odd, facts, width) != (1, width, 2):
-        raise NoMatch("the paired features are not x[..., 0::2] and x[..., 1::2]")
-    for unsqueeze in (producer(v) for v in concat.inputs):
-        axes = facts.const(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
-        if axes is None or [int(a) % 5 for a in np.ravel(axes)] != [4]:
-            raise NoMatch("the pairs are not stacked on a new last axis")
-    if axis_of(concat.attributes, 5) != 4:
-        raise NoMatch("the pairs are not stacked on a new last axis")
-    if facts.shape(reshape.outputs[0]) != facts.shape(xr) or facts.shape(xr) is None:
-        raise NoMatch("the stacked pairs are not flattened back to x's shape")
-
-
-def _slice_range(node: ir.Node, facts: GraphFacts, dim: int) -> tuple[int, int, int] | None:
-    """The [start, end) and step a last-axis Slice takes of a ``dim``-wide axis, clamped as ONNX does."""
-    ins = [facts.const(v) if v is not None else None for v in node.inputs[1:]]
-    if len(ins) < 3 or ins[0] is None or ins[1] is None or ins[2] is None or ins[0].size != 1:
-        return None
-    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else 4
-    if int(np.ravel(ins[2])[0]) % rank != rank - 1:
-        return None
-    step = 1
-    if len(ins) > 3 and ins[3] is not None:
-        step = int(np.ravel(ins[3])[0])
-    if step < 1:
-        return None
-
-    def clamp(i: int) -> int:
-        return min(max(i + dim if i < 0 else i, 0), dim)
-
-    return clamp(int(np.ravel(ins[0])[0])), clamp(int(np.ravel(ins[1])[0])), step
-
-
-def _only_consumer(value: ir.Value, op: str) -> ir.Node:
-    node = single_consumer(value)
-    if node is None:
-        raise NoMatch(f"{value.name} is read by more than the rotation's {op}")
-    if node.op_type != op or node.domain not in ("", "ai.onnx"):
-        raise NoMatch(f"{value.name} goes to {node.op_type}, not the rotation's {op}")
-    return node
-
-
-def _other_input(node: ir.Node, value: ir.Value) -> ir.Value:
-    others = [v for v in node.inputs if v is not value]
-    if len(node.inputs) != 2 or len(others) != 1 or others[0] is None:
-        raise NoMatch(f"{node.op_type} {node.name} is not a product or sum of two terms")
-    return others[0]
+def write_rotary_regions(
+    regions: list[RotaryRegion],
+    class_of: dict[ir.Value, EClass],
+    classes: dict,
+    choice: dict,
+    excluded: dict,
+    write: Callable[[Region], FusedOp],
+    unavailable: str | None,
+) -> list[RotaryReport]:
+    """Each region written where extraction chose ``rotary`` for its output (``write(region)`` inserts the
+    nodes, or raises ValueError when the op cannot be written); the report entry of each."""
+    entries = []
+    for found in regions:
+        region = found.region
+        entry = RotaryReport(region.index, region.main_output.name or "", "not fused", variant=found.variant)
+        entries.append(entry)
+        main = class_of.get(region.main_output)
+        chosen = choice[main].node if main is not None and main in choice else None
+        if chosen is None or chosen.op not in ROTARY_OPS:
+            proven = main is not None and any(n.op in ROTARY_OPS for n in classes.get(main, ()))
+            if not proven:
+                entry.reason = found.reason or "the rules prove no rotation here (a missing identity?)"
+            else:
+                dtype = region.main_output.dtype
+                kind = np.dtype(dtype.numpy()).name if dtype is not None else "its element type"
+                entry.reason = unavailable or f"onnxruntime has no RotaryEmbedding kernel for {kind}"
+            continue
+        if ("rotary", region.index) in excluded:
+            entry.status = "rolled back"
+            entry.reason, entry.max_abs_diff = excluded["rotary", region.index]
+            continue
+        try:
+            written = write(region)
+        except (ValueError, KeyError) as err:
+            entry.reason = str(err)
+            continue
+        entry.status, entry.fused_into = "fused", written.label
+    return entries

@@ -1,7 +1,8 @@
-"""The cos/sin tables of a rotation, proven to have the structure ``RotaryEmbedding`` assumes: rotate-half
-tables whose halves are equal (``f(Concat(θ, θ))``, rows of such a table, a stored table with equal halves),
-interleaved tables that repeat each feature twice (``repeat_interleave(t, 2)``) — and the (b, S, R/2) table
-the op reads, with the axis of x's heads where the graph unsqueezed it."""
+"""The structural check's view of a rotation's cos/sin tables (:mod:`egfuse.rotary_check`): which table the
+op would read and whether it has the structure ``RotaryEmbedding`` assumes — rotate-half tables whose halves
+are equal (``f(Concat(θ, θ))``, rows of such a table, a stored table with equal halves), interleaved tables
+that repeat each feature twice (``repeat_interleave(t, 2)``). The rules prove the same as facts
+(:mod:`egfuse.rules.rotary`); this names what is missing when they do not."""
 
 from __future__ import annotations
 

@@ -27,16 +27,12 @@ from egfuse.node_builder import replace_output
 from egfuse.prepare import infer_shapes
 from egfuse.raise_ import Emitter
 from egfuse.regions import find_regions
-from egfuse.report import RegionReport, Report, RotaryReport
-from egfuse.rotary import find_rotations
-from egfuse.rotary_write import RotaryWriter
+from egfuse.report import RegionReport, Report
+from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
 from egfuse.shapes import class_shapes
-from egfuse.targets.spec import FUSED, LAYER_OPS, STANDARD_ATTENTION_OPSET, TargetSpec
-
-ROTARY_TYPES = frozenset({"float32", "float16"})
-"""The element types onnxruntime's RotaryEmbedding has kernels for (CPU)."""
+from egfuse.targets.spec import FUSED, LAYER_OPS, TargetSpec
 
 RegionKey = int | tuple[str, int]
 """What validation rolls back: an attention region's index, or ("rotary", index)."""
@@ -80,16 +76,18 @@ def fuse_once(
         model = _reinferred(model, weights)  # the branches' ops had no shapes (an If's output has none)
         graph = model.graph
         facts = GraphFacts(graph)
-    # Rotations first: their outputs become plain values to the attention regions found after them.
-    rotated = _fuse_rotations(graph, facts, target, excluded, report, origins)
-    regions = find_regions(graph, facts)
+    # Rotations first: their outputs are plain values to the attention regions found after them.
+    rotations = find_rotary_regions(graph, facts)
+    rotation_nodes = {n for r in rotations for n in r.region.nodes}
+    regions = find_regions(graph, facts, rotation_nodes)
     layer_regions = []
     if any(target.op_for(c) is not None for c in LAYER_OPS):
         residual = target.op_for("skip_layer_norm") is not None
-        layer_regions = find_layer_regions(graph, facts, {n for r in regions for n in r.nodes}, residual_norms=residual)
+        claimed = {n for r in regions for n in r.nodes} | rotation_nodes
+        layer_regions = find_layer_regions(graph, facts, claimed, residual_norms=residual)
     session = Session()
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
-    for region in [*regions, *layer_regions]:
+    for region in [*regions, *layer_regions, *(r.region for r in rotations)]:
         lowerer.lower(region)
     session.add(lowerer.table.commands)
     progress.stage(f"saturating the e-graph of {len(regions)} attention regions")
@@ -208,25 +206,31 @@ def fuse_once(
 
     taken_over: dict[ir.Value, ir.Value] = {}
 
-    def write_layer_region(region):
+    def write_chosen(region, prefix: str):
+        """A norm's, an activation's or a rotation's extracted op written over its output."""
         main = class_of[region.main_output]
         emitter = Emitter(graph, facts, lowerer.table, classes, fact_tables["rank_of"], choice, target,
-                          f"egfuse/n{region.index}", shapes, default_opset(prepared))  # fmt: skip
+                          f"egfuse/{prefix}{region.index}", shapes, default_opset(prepared))  # fmt: skip
         emitter.graph_values_only, emitter.taken_over = True, taken_over
         new = emitter.emit_chosen(main)
         graph.insert_before(region.nodes[-1], emitter.new_nodes)
         for old, value in [(region.main_output, new), *emitter.also_replace]:
             replace_output(graph, old, value, fresh=value in emitter.created)
             taken_over[old] = value
-        return target.op_for(choice[main].node.op)
+        written = target.op_for(choice[main].node.op)
+        opsets.add((written.domain, written.opset))
+        return written
 
-    opsets |= write_layer_regions(layer_regions, class_of, choice, excluded, write_layer_region, report.layer_ops)
-    any_fused = any_fused or any(r.status == "fused" for r in report.layer_ops)
+    write_layer_regions(layer_regions, class_of, choice, excluded, lambda r: write_chosen(r, "n"), report.layer_ops)
+    report.rotary = write_rotary_regions(
+        rotations, class_of, classes, choice, excluded, lambda r: write_chosen(r, "rope"), target.no_rotary
+    )
+    for entry, rotation in zip(report.rotary, rotations, strict=True):
+        entry.functions = functions.origin([rotation.anchor], origins)
+    any_fused = any_fused or any(r.status == "fused" for r in [*report.layer_ops, *report.rotary])
     report.notes.extend(notes)
     report.stats["seconds_certify"] = seconds_certify
-    if rotated:
-        opsets.add(("", STANDARD_ATTENTION_OPSET))
-    if any_fused or rotated:
+    if any_fused:
         for domain, version in opsets:
             if model.opset_imports.get(domain, 0) < version:
                 model.opset_imports[domain] = version
@@ -245,38 +249,6 @@ def _reinferred(model: ir.Model, weights: protos.DetachedWeights | None) -> ir.M
     them, and inference reads only their dims)."""
     proto = infer_shapes(ir.serde.serialize_model(model))
     return weights.to_ir(proto) if weights is not None else ir.serde.deserialize_model(proto)
-
-
-def _fuse_rotations(
-    graph: ir.Graph,
-    facts: GraphFacts,
-    target: TargetSpec,
-    excluded: dict[RegionKey, tuple[str, float]],
-    report: Report,
-    origins: dict[str, str] | None = None,
-) -> bool:
-    """Write each proven RoPE as one ``RotaryEmbedding``; the report says what became of each."""
-    writer, unavailable, rotated = RotaryWriter(graph, facts), target.no_rotary, False
-    for candidate in find_rotations(graph, facts):
-        rotation = candidate.rotation
-        entry = RotaryReport(candidate.index, candidate.output_name, "not fused", reason=candidate.reason)
-        entry.functions = functions.origin([candidate.anchor], origins)
-        report.rotary.append(entry)
-        if rotation is None:
-            continue
-        entry.variant = rotation.variant
-        if unavailable is not None:
-            entry.reason = unavailable
-        elif not _float_types([rotation.x]) <= ROTARY_TYPES:
-            entry.reason = f"onnxruntime has no RotaryEmbedding kernel for {rotation.x.dtype}"
-        elif ("rotary", candidate.index) in excluded:
-            entry.status = "rolled back"
-            entry.reason, entry.max_abs_diff = excluded["rotary", candidate.index]
-        else:
-            writer.write(rotation, at=candidate.anchor)
-            entry.status, entry.fused_into = "fused", "RotaryEmbedding"
-            rotated = True
-    return rotated
 
 
 def _float_types(values) -> frozenset[str]:

@@ -87,6 +87,8 @@ class Session:
             "finite",
             "head_invariant",
             "heads_of",
+            "last_dim",
+            "halves_repeat",
         ):
             functions[fact] = getattr(lang, fact)
         self.names: dict[str, str] = egg_names(self.egraph, functions)

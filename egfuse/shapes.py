@@ -22,7 +22,7 @@ Shape = tuple[Dim | None, ...]
 _ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "where", "maximum", "pow"})
 _SAME = frozenset({"isnan", "sqrt", "tanh", "cast", "softmax", "nan_to_zero", "softcap", "reciprocal", "normalized",
                    "layer_norm", "rms_normalized", "rms_norm", "erf", "gelu_cdf", "gelu", "bias_gelu",
-                   "skip_layer_norm"})  # fmt: skip
+                   "skip_layer_norm", "neg", "cos", "sin"})  # fmt: skip
 _MAX_PASSES = 8
 
 
@@ -123,6 +123,18 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         if not -len(x) <= axis < 0:
             return None
         return tuple(Dim(int(a.size)) if i == len(x) + axis else d for i, d in enumerate(x))
+    if op == "rotary":
+        return kids[0]
+    if op == "unsqueeze":
+        at = len(kids[0]) + 1 + int(a.axis)
+        return (*kids[0][:at], Dim(1), *kids[0][at:]) if 0 <= at <= len(kids[0]) else None
+    if op == "rows":
+        return (*kids[1], *kids[0][1:]) if kids[0] else None
+    if op in ("strided", "interleave"):
+        last = kids[0][-1] if kids[0] else None
+        if last is None:
+            return None
+        return (*kids[0][:-1], last.div(Dim(2)) if op == "strided" else _mul(last, Dim(2)))
     if op == "repeat_heads":
         return (kids[0][0], _mul(kids[0][1], Dim.parse(a.times)), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from egfuse.enodes import view
 from egfuse.kv_cache import find_cache
+from egfuse.rotary_write import rotary
 from egfuse.session import EClass, ENode
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, FusedOp
 
@@ -276,6 +277,7 @@ WRITERS: dict[str, Callable[[ENode, Emitter, FusedOp], ir.Value]] = {
     "single_head": single_head,
     "norm": norm,
     "gelu": gelu,
+    "rotary": rotary,
 }
 
 __all__ = ["THREE_D", "WRITERS"]

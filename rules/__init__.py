@@ -14,6 +14,8 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
 * ``norms``     — every spelling of layer and RMS normalization is ``layer_norm`` / ``rms_norm``
 * ``gelu``      — every spelling of the exact GELU is ``gelu`` (√2 divided or 1/√2 multiplied, ½ anywhere)
+* ``rotary``    — RoPE (rotate-half or interleaved, full or partial) whose tables are proven to repeat what the
+  op reads is ``rotary``
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
 """
 
@@ -36,6 +38,7 @@ from egfuse.rules import (
     pieces,
     precision,
     qbias,
+    rotary,
     scale,
     softcap,
 )
@@ -45,7 +48,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
-    "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules,
+    "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 

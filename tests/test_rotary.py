@@ -8,8 +8,8 @@ import onnx
 import pytest
 
 import egfuse
-from egfuse import rotary_tables
 from egfuse.load import default_opset
+from egfuse.lower_terms import TermWriter
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from .conftest import assert_same_outputs
@@ -75,9 +75,17 @@ def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
 
 
 def test_a_rotation_that_differs_is_rolled_back(monkeypatch, target):
-    """Validation is the backstop: with the halves' proof forced on tables that do not repeat, the op computes
-    something else; validation catches it, puts the rotations back and keeps the attention."""
-    monkeypatch.setattr(rotary_tables, "_repeated_halves", lambda value, facts, depth: None)
+    """Validation is the backstop: with the halves' fact forced on tables that do not repeat (every graph input
+    stated ``halves_repeat``), the op computes something else; validation catches it, puts the rotations back
+    and keeps the attention."""
+    state = TermWriter._facts
+
+    def forced(self, value, term, leaf):
+        state(self, value, term, leaf)
+        if leaf and value.producer() is None and self.facts.weight(value) is None:
+            self.table.commands.append(f"({self.n['halves_repeat']} {term})")
+
+    monkeypatch.setattr(TermWriter, "_facts", forced)
     model = attention_model(ROPE.replaced(rope_tables="inputs"))
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -145,3 +153,60 @@ def test_mismatched_partial_slices_do_not_fuse():
     assert [r.status for r in result.report.rotary] == ["not fused"]
     assert "concatenated back with x[..., R:]" in result.report.rotary[0].reason
     assert not _rotary_ops(result.model)
+
+
+def _interleaved_model(cos_after_repeat: bool) -> onnx.ModelProto:
+    """GPT-J's rotation, x (1, 2, 4, 8); its tables ``repeat_interleave`` of an input θ, with cos/sin taken
+    before the repeat (GPT-J) or after it and after the heads axis is added (the same tables)."""
+    from onnx import TensorProto, helper
+
+    def const(name, values):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64,
+                                [len(values)], values))  # fmt: skip
+
+    shapes = {"ax": [1, 4], "pairs": [1, 1, 4, 4, 2], "flat": [1, 1, 4, 8], "zero": [0], "one": [1], "end": [8],
+              "last": [-1], "two": [2], "back": [1, 2, 4, 8]}  # fmt: skip
+    nodes = [const(name, values) for name, values in shapes.items()]
+    for f in ("Cos", "Sin"):
+        source = "theta" if cos_after_repeat else f"{f}_t"
+        if not cos_after_repeat:
+            nodes.append(helper.make_node(f, ["theta"], [source]))
+        nodes += [
+            helper.make_node("Unsqueeze", [source, "ax"], [f"{f}_u"]),
+            helper.make_node("Expand", [f"{f}_u", "pairs"], [f"{f}_e"]),
+            helper.make_node("Reshape", [f"{f}_e", "flat"], [f"{f}_r" if cos_after_repeat else f"{f}4"]),
+        ]
+        if cos_after_repeat:
+            nodes.append(helper.make_node(f, [f"{f}_r"], [f"{f}4"]))
+    nodes += [
+        helper.make_node("Slice", ["x", "zero", "end", "last", "two"], ["even"]),
+        helper.make_node("Slice", ["x", "one", "end", "last", "two"], ["odd"]),
+        helper.make_node("Neg", ["odd"], ["neg"]),
+        helper.make_node("Unsqueeze", ["neg", "last"], ["neg_u"]),
+        helper.make_node("Unsqueeze", ["even", "last"], ["even_u"]),
+        helper.make_node("Concat", ["neg_u", "even_u"], ["stacked"], axis=-1),
+        helper.make_node("Reshape", ["stacked", "back"], ["rotated"]),
+        helper.make_node("Mul", ["x", "Cos4"], ["x_cos"]),
+        helper.make_node("Mul", ["rotated", "Sin4"], ["rot_sin"]),
+        helper.make_node("Add", ["x_cos", "rot_sin"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "gptj_rope",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8]),
+         helper.make_tensor_value_info("theta", TensorProto.FLOAT, [1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("cos_after_repeat", [False, True])
+def test_interleaved_tables_with_cos_taken_before_or_after_the_repeat(cos_after_repeat, target):
+    """The rules move cos and sin inside the repeat and past the new heads axis, so both spellings are one
+    table; the structural check alone (the old matcher) saw only the first."""
+    model = _interleaved_model(cos_after_repeat)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 2, 4, 8), np.float32), "theta": rng.standard_normal((1, 4, 4), np.float32)}
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert [r.status for r in result.report.rotary] == ["fused"], str(result.report)
+    assert result.report.rotary[0].variant == "interleaved" and len(_rotary_ops(result.model)) == 1
+    assert_same_outputs(model, result.model, feeds)

@@ -7,7 +7,7 @@ rolled back by validation."""
 
 from __future__ import annotations
 
-from egfuse.targets.spec import GELU, NORM_OPS, STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
+from egfuse.targets.spec import GELU, NORM_OPS, ROTARY, STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
 
 MASK_NOTE = (
     "onnxruntime's standard Attention gives 0 for a query row masked entirely with -inf or finfo.min (the primitive "
@@ -25,7 +25,7 @@ STANDARD = {
 SPEC = TargetSpec(
     name="onnx",
     description="standard ONNX Attention (opset 23), for any runtime that implements it",
-    ops=(*(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")), *NORM_OPS, GELU),
+    ops=(*(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")), *NORM_OPS, GELU, ROTARY),
     costs=CostParams(),
     requires_standard_opset=True,
 )

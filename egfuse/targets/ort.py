@@ -14,7 +14,7 @@ from importlib import resources
 
 from egfuse.targets.onnx import SPEC as ONNX
 from egfuse.targets.onnx import STANDARD
-from egfuse.targets.spec import BIAS_GELU, GELU_CONTRIB, NORM_OPS, SKIP_LAYER_NORM, FusedOp, TargetSpec
+from egfuse.targets.spec import BIAS_GELU, GELU_CONTRIB, NORM_OPS, ROTARY, SKIP_LAYER_NORM, FusedOp, TargetSpec
 
 CONTRIB = {"domain": "com.microsoft", "opset": 1, "zero_scale_is_default": True}
 
@@ -30,6 +30,7 @@ UNCALIBRATED = TargetSpec(
         SKIP_LAYER_NORM,
         GELU_CONTRIB,
         BIAS_GELU,
+        ROTARY,
     ),
     costs=ONNX.costs,
     rule_families=("ort",),

@@ -19,10 +19,13 @@ ATTENTION = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_at
 LAYER_OPS = frozenset({"layer_norm", "skip_layer_norm", "rms_norm", "gelu", "bias_gelu"})
 """The language's norm and activation constructors (:mod:`egfuse.rules.norms`, :mod:`egfuse.rules.gelu`)."""
 
-FUSED = ATTENTION | LAYER_OPS
+ROTARY_OPS = frozenset({"rotary"})
+"""The language's rotary-embedding constructor (:mod:`egfuse.rules.rotary`)."""
+
+FUSED = ATTENTION | LAYER_OPS | ROTARY_OPS
 """Every constructor a target writes as a fused op."""
 
-WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "norm", "gelu"})
+WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "norm", "gelu", "rotary"})
 """How raising can write a fused constructor (:mod:`egfuse.writers`):
 
 * ``standard``    — the standard ``Attention`` op (opset 23), 4D or 3D inputs, grouped K/V heads native
@@ -31,6 +34,7 @@ WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "nor
 * ``single_head`` — plain rank-3 ops, one attention per head (SHA): what NPU toolchains compile well
 * ``norm``        — the standard ``LayerNormalization`` (opset 17) or ``RMSNormalization`` (23), last axis
 * ``gelu``        — ``Gelu`` (standard, opset 20, or ``com.microsoft``)
+* ``rotary``      — the standard ``RotaryEmbedding`` (opset 23), 4D or on the merged heads (3D)
 """
 
 
@@ -82,6 +86,9 @@ GELU_CONTRIB = FusedOp("gelu", "Gelu", "gelu", domain="com.microsoft", opset=1)
 BIAS_GELU = FusedOp("bias_gelu", "BiasGelu", "gelu", domain="com.microsoft", opset=1)
 """onnxruntime's own Gelu runs on a model at any opset (the standard one needs opset 20); its BiasGelu adds a
 projection's bias in the same kernel."""
+ROTARY = FusedOp("rotary", "RotaryEmbedding", "rotary", opset=STANDARD_ATTENTION_OPSET)
+"""Took 0.35-0.78× the time of the rotate-half subgraph on onnxruntime's CPU and 0.54-0.84× of
+``com.microsoft.RotaryEmbedding``'s (experiments/bench_rotary.py)."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +135,12 @@ class TargetSpec:
     requires_standard_opset: bool = False
     """The model is converted to opset 23 before fusing (every op it writes may need it)."""
     no_rotary: str | None = None
-    """Why this target writes no ``RotaryEmbedding`` for a recognised rotation (None: it writes the standard
-    op, opset 23, which took 0.35-0.78× the time of the rotate-half subgraph on onnxruntime's CPU and
-    0.54-0.84× of ``com.microsoft.RotaryEmbedding``'s: experiments/bench_rotary.py)."""
+    """Why this target writes no ``RotaryEmbedding`` for a recognised rotation (None: it writes the op its
+    ``ops`` hold for ``rotary``, if any)."""
 
     def op_for(self, constructor: str) -> FusedOp | None:
+        if constructor in ROTARY_OPS and self.no_rotary is not None:
+            return None
         return next((op for op in self.ops if op.constructor == constructor), None)
 
     def for_shapes(self, binding: dict[str, int] | None) -> TargetSpec:

@@ -1,0 +1,99 @@
+"""Rotary position embeddings: every spelling of ``x·cos + rotate(x)·sin`` whose tables have the op's structure
+is ``rotary(x, cos, sin, …)`` — the standard ``RotaryEmbedding``.
+
+The op computes ``[x₁·c − x₂·s, x₂·c + x₁·s]`` from tables of half the rotated width, in one of two pairings
+of the features; the graph multiplies by full-width tables. The two agree exactly when the tables repeat
+what the op reads, which is proven here as facts, never assumed:
+
+* rotate-half (Llama): ``rotate(x) = Concat(−x[…, R/2:], x[…, :R/2])`` and tables whose halves are equal —
+  ``halves_repeat`` holds of ``Concat(θ, θ)`` on the last axis, of a stored table with equal halves (stated at
+  lowering from its values), and through what keeps it: elementwise functions (cos, sin, neg, cast, a scalar
+  factor), rows gathered (``cos_cached[position_ids]``) and a new axis before the last;
+* interleaved (GPT-J): ``rotate(x) = interleave(−x[…, 1::2], x[…, 0::2])`` (stacked on a new last axis and
+  flattened) and tables ``interleave(t, t)`` — ``repeat_interleave(t, 2)``, which lowering reads as a unit last
+  axis spread to two (``Concat(u, u)``) and merged. Elementwise functions, rows and new axes move inside an
+  interleave, so a table computed after the repeat is recognised too;
+* partial (GPT-NeoX, Phi): a rotation of ``x[…, :R]`` concatenated back with ``x[…, R:]``.
+
+The tables multiply x after a new unit axis at x's heads axis (1: (B, N, S, H); 2: (B, S, N, H)), and the sums
+and products come in either operand order. Which tables the op then reads, whether their length is x's and
+whether their batch must be expanded is checked where the op is written (:mod:`egfuse.rotary_write`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from egglog import String, eq, f64, i64, rewrite, rule, ruleset
+
+from egfuse.lang import Tensor, halves_repeat, last_dim, rank_of, scalar_of
+
+_UNARY: tuple[Callable[[Tensor], Tensor], ...] = (Tensor.cos, Tensor.sin, Tensor.neg)
+"""Elementwise functions of one tensor: they keep a table's repeated halves and move inside an interleave."""
+
+
+def _products(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    return Tensor.mul(a, b), Tensor.mul(b, a)
+
+
+def _sums(x: Tensor, table_c: Tensor, rotated: Tensor, table_s: Tensor) -> Iterator[Tensor]:
+    """``x·c + rotate(x)·s`` in every operand order."""
+    for x_cos in _products(x, table_c):
+        for rot_sin in _products(rotated, table_s):
+            yield Tensor.add(x_cos, rot_sin)
+            yield Tensor.add(rot_sin, x_cos)
+
+
+@ruleset
+def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: Tensor, ax: i64, h: i64, w: i64,
+          n: i64, to: i64, k: i64, r: i64, v: f64, m: String):  # fmt: skip
+    # Tables whose halves repeat.
+    yield rule(eq(t).to(Tensor.concat(a, a, -1))).then(halves_repeat(t))
+    for f in _UNARY:
+        yield rule(eq(t).to(f(a)), halves_repeat(a)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.cast(a, to)), halves_repeat(a)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.mul(a, b)), halves_repeat(a), scalar_of(b) == v).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.div(a, b)), halves_repeat(a), scalar_of(b) == v).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.rows(a, i)), halves_repeat(a), rank_of(a) == r, r >= i64(2)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.unsqueeze(a, ax)), halves_repeat(a), ax <= i64(-2)).then(halves_repeat(t))
+
+    # Interleaved pairs: stacked on a new last axis and flattened; what is applied after moves inside.
+    pairs = Tensor.concat(Tensor.unsqueeze(a, -1), Tensor.unsqueeze(b, -1), -1)
+    yield rewrite(Tensor.merge_heads(pairs, m, String("2"))).to(Tensor.interleave(a, b))
+    for f in _UNARY:
+        yield rewrite(f(Tensor.interleave(a, b))).to(Tensor.interleave(f(a), f(b)))
+    yield rewrite(Tensor.cast(Tensor.interleave(a, b), to)).to(
+        Tensor.interleave(Tensor.cast(a, to), Tensor.cast(b, to))
+    )
+    yield rewrite(Tensor.mul(Tensor.interleave(a, b), c)).to(
+        Tensor.interleave(Tensor.mul(a, c), Tensor.mul(b, c)), scalar_of(c) == v
+    )
+    yield rewrite(Tensor.rows(Tensor.interleave(a, b), i)).to(Tensor.interleave(Tensor.rows(a, i), Tensor.rows(b, i)))
+    yield rewrite(Tensor.unsqueeze(Tensor.interleave(a, b), ax)).to(
+        Tensor.interleave(Tensor.unsqueeze(a, ax), Tensor.unsqueeze(b, ax)), ax <= i64(-2)
+    )
+
+    # The angles' cos and sin taken after the new axis are the tables' cos and sin with the axis added.
+    for f in (Tensor.cos, Tensor.sin):
+        yield rewrite(f(Tensor.unsqueeze(a, ax))).to(Tensor.unsqueeze(f(a), ax))
+
+    # The rotations. The tables gain a unit axis at x's heads axis (−3 or −2 from the end of a 4D x).
+    heads_axis = (ax >= i64(-3), ax <= i64(-2))
+    half = Tensor.concat(Tensor.neg(Tensor.part(x, -1, h, h)), Tensor.part(x, -1, 0, h), -1)
+    for total in _sums(x, Tensor.unsqueeze(c, ax), half, Tensor.unsqueeze(s, ax)):
+        yield rewrite(total).to(
+            Tensor.rotary(x, c, s, ax + i64(4), 0, h * i64(2)),
+            *heads_axis, last_dim(x) == h * i64(2), rank_of(x) == i64(4), halves_repeat(c), halves_repeat(s),
+        )  # fmt: skip
+    pairs_of = Tensor.interleave(Tensor.neg(Tensor.strided(x, 1)), Tensor.strided(x, 0))
+    table_c = Tensor.interleave(Tensor.unsqueeze(c, ax), Tensor.unsqueeze(c, ax))
+    table_s = Tensor.interleave(Tensor.unsqueeze(s, ax), Tensor.unsqueeze(s, ax))
+    for total in _sums(x, table_c, pairs_of, table_s):
+        yield rewrite(total).to(
+            Tensor.rotary(x, c, s, ax + i64(4), 1, w), *heads_axis, last_dim(x) == w, rank_of(x) == i64(4)
+        )
+    # Partial: the first R features rotated, the rest concatenated back unchanged.
+    rotated = Tensor.rotary(Tensor.part(x, -1, 0, w), c, s, ax, k, w)
+    yield rewrite(Tensor.concat(rotated, Tensor.part(x, -1, w, n), -1)).to(
+        Tensor.rotary(x, c, s, ax, k, w), last_dim(x) == w + n
+    )
