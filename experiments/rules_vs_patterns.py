@@ -61,13 +61,13 @@ TARGET = "ort"
 
 CUMULATIVE_ORDER: tuple[str, ...] = (
     "facts", "commute", "layout", "attention", "scale", "masks", "precision", "softcap", "clamp", "heads",
-    "heads.weights", "qbias", "pieces", "norms", "gelu",
+    "heads.weights", "qbias", "pieces", "norms", "gelu", "rotary",
 )  # fmt: skip
 """The order families are added in for the cumulative curve: what others read first (facts: the conditions;
 commute: the canonical operand order every pattern assumes; layout), then the identity itself (``attention``),
 then the spellings around it — scale, masks, precision, soft-capping, clamps, folded heads (and the weights
-fact they need), query-dependent biases, attention in pieces; last the norm and GELU families (issue 19), which
-no attention spelling needs: their rows show that."""
+fact they need), query-dependent biases, attention in pieces; last the norm and GELU families (issue 19) and
+RoPE's, which no attention spelling needs: their rows show that (the RoPE column counts the rotations fused)."""
 
 ONNXSCRIPT_FUSIONS = (
     "onnxscript.rewriter.ort_fusions.sdpa",
@@ -526,6 +526,8 @@ def _outcome(variant: Variant) -> dict[str, Any]:
         "iterations": stats.get("iterations"),
         "saturate_seconds": stats.get("seconds_saturate"),
         "budget_hit": stats.get("stop_reason") not in (None, "saturated"),
+        "rotations": len(report.rotary),
+        "rotations_fused": sum(r.status == "fused" for r in report.rotary),
     }
 
 
@@ -641,7 +643,9 @@ def ablation(count: int, seed: int, cache_path: Path) -> dict[str, Any]:
 
     def row(core: tuple[str, ...], outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(covered(outcomes))
-        return {"rules": _rule_count(core), "covered": n, "coverage": round(n / len(sample), 4), **_cost(outcomes)}
+        rotations = {k: sum(o.get(k, 0) for o in outcomes) for k in ("rotations", "rotations_fused")}
+        return {"rules": _rule_count(core), "covered": n, "coverage": round(n / len(sample), 4), **rotations,
+                **_cost(outcomes)}  # fmt: skip
 
     everything = _run_config(core_all, sample, cache, identical)
     library = _run_config(None, sample, cache, identical)
@@ -788,19 +792,22 @@ def markdown(results: dict[str, Any]) -> str:
         f"seed {a['seed']})",
         "",
         f"All rules: **{a['all_rules']['covered']}/{a['variants']}** covered ({_percent(a['all_rules']['coverage'])},"
-        f" {a['all_rules']['rules']} rules). The library's own ruleset, unpatched: "
+        f" {a['all_rules']['rules']} rules; RoPE: {a['all_rules'].get('rotations_fused', '–')} of "
+        f"{a['all_rules'].get('rotations', '–')} rotations fused). The library's own ruleset, unpatched: "
         f"{a['library_ruleset']['covered']}/{a['variants']} (same outcome per spelling: "
         f"{'yes' if a['library_ruleset']['same_outcomes'] else 'NO'}). The certifier received the patched ruleset "
         f"in {a['certifier_same_ruleset']['identical']} of {a['certifier_same_ruleset']['checked']} searches.",
         "",
-        "| removed family | its rules | rules left | covered | coverage | drop | choices most lost (lost/in sample) |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| removed family | its rules | rules left | covered | coverage | drop | RoPE fused | choices most lost "
+        "(lost/in sample) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in a["removed"]:
         choices = "every covered spelling" if r["drop"] == a["all_rules"]["covered"] else "; ".join(r["lost_choices"])
         choices += f"; gains {len(r['gained'])}" if r["gained"] else ""
+        rope = f"{r.get('rotations_fused', '–')}/{r.get('rotations', '–')}"
         lines.append(f"| `{r['family']}` | {r['family_rules']} | {r['rules']} | {r['covered']} | "
-                     f"{_percent(r['coverage'])} | {r['drop']} | {choices} |")  # fmt: skip
+                     f"{_percent(r['coverage'])} | {r['drop']} | {rope} | {choices} |")  # fmt: skip
     lines += ["", "Cumulative (families added in this order; the target's own `ort` family is always present), with "
               "the e-graph's cost over the sample at each step (medians; budget hits: blocks whose saturation "
               "stopped at a budget):", "",
