@@ -132,6 +132,16 @@ class Tensor(Expr):
         """``[a₀, b₀, a₁, b₁, …]`` along the last axis: ``stack((a, b), -1).flatten(-2)``."""
 
     @classmethod
+    def rotary_cos(cls, x: Tensor, cos: Tensor, heads_axis: i64Like, interleaved: i64Like) -> Tensor:
+        """``x · cos`` with a table of the op's structure (the first half of a rotation's sum)."""
+
+    @classmethod
+    def rotary_sin(
+        cls, x: Tensor, sin: Tensor, heads_axis: i64Like, interleaved: i64Like, rotary_dim: i64Like
+    ) -> Tensor:
+        """``rotate(x) · sin`` over ``rotary_dim`` features (the second half)."""
+
+    @classmethod
     def rotary(
         cls, x: Tensor, cos: Tensor, sin: Tensor, heads_axis: i64Like, interleaved: i64Like, rotary_dim: i64Like
     ) -> Tensor:

@@ -41,6 +41,7 @@ class RotaryReport:
     reason: str | None = None
     max_abs_diff: float | None = None
     functions: list[str] = field(default_factory=list)  # model-local functions its nodes were inlined from
+    candidates: list[dict] = field(default_factory=list)  # the forms its e-class held, priced (as a region's)
 
 
 @dataclass

@@ -147,15 +147,18 @@ def write_rotary_regions(
     excluded: dict,
     write: Callable[[Region], FusedOp],
     unavailable: str | None,
+    price: Callable[[EClass], list[dict]],
 ) -> list[RotaryReport]:
     """Each region written where extraction chose ``rotary`` for its output (``write(region)`` inserts the
-    nodes, or raises ValueError when the op cannot be written); the report entry of each."""
+    nodes, or raises ValueError when the op cannot be written); the report entry of each, with the forms its
+    e-class held priced by ``price``."""
     entries = []
     for found in regions:
         region = found.region
         entry = RotaryReport(region.index, region.main_output.name or "", "not fused", variant=found.variant)
         entries.append(entry)
         main = class_of.get(region.main_output)
+        entry.candidates = price(main) if main is not None else []
         chosen = choice[main].node if main is not None and main in choice else None
         if chosen is None or chosen.op not in ROTARY_OPS:
             proven = main is not None and any(n.op in ROTARY_OPS for n in classes.get(main, ()))

@@ -223,8 +223,9 @@ def fuse_once(
 
     write_layer_regions(layer_regions, class_of, choice, excluded, lambda r: write_chosen(r, "n"), report.layer_ops)
     report.rotary = write_rotary_regions(
-        rotations, class_of, classes, choice, excluded, lambda r: write_chosen(r, "rope"), target.no_rotary
-    )
+        rotations, class_of, classes, choice, excluded, lambda r: write_chosen(r, "rope"), target.no_rotary,
+        lambda main: candidates.priced_forms(main, classes, choice, cost_model),
+    )  # fmt: skip
     for entry, rotation in zip(report.rotary, rotations, strict=True):
         entry.functions = functions.origin([rotation.anchor], origins)
     any_fused = any_fused or any(r.status == "fused" for r in [*report.layer_ops, *report.rotary])

@@ -22,7 +22,6 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 from __future__ import annotations
 
 import functools
-import operator
 
 from egfuse.rules import (
     attention,
@@ -42,7 +41,7 @@ from egfuse.rules import (
     scale,
     softcap,
 )
-from egglog import Ruleset
+from egglog import Ruleset, unstable_combine_rulesets
 
 CORE_FAMILIES: dict[str, Ruleset] = {
     "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
@@ -52,7 +51,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
-CORE: Ruleset = functools.reduce(operator.or_, CORE_FAMILIES.values())
+CORE: Ruleset = unstable_combine_rulesets(*CORE_FAMILIES.values())
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
 FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
@@ -76,11 +75,10 @@ def rule_names() -> dict[object, str]:
 @functools.cache
 def ruleset_for(families: tuple[str, ...]) -> Ruleset:
     """The core and the named families, as one ruleset — built once per combination: egglog-python gathers a
-    new ruleset object's declarations again (about a second per e-graph)."""
-    ruleset = CORE
-    for name in families:
-        ruleset = ruleset | FAMILIES[name]
-    return ruleset
+    new ruleset object's declarations again (about a second per e-graph). One flat union: a union of unions
+    (``a | b | c``) gathers each level's declarations again for every level above it, twice (a protocol check
+    reads them too), so its cost doubled with each family added (2.9 s for 16 families, 0.3 s flat)."""
+    return unstable_combine_rulesets(*CORE_FAMILIES.values(), *(FAMILIES[name] for name in families))
 
 
 __all__ = [

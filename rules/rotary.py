@@ -22,7 +22,7 @@ whether their batch must be expanded is checked where the op is written (:mod:`e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
@@ -34,14 +34,6 @@ _UNARY: tuple[Callable[[Tensor], Tensor], ...] = (Tensor.cos, Tensor.sin, Tensor
 
 def _products(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return Tensor.mul(a, b), Tensor.mul(b, a)
-
-
-def _sums(x: Tensor, table_c: Tensor, rotated: Tensor, table_s: Tensor) -> Iterator[Tensor]:
-    """``x·c + rotate(x)·s`` in every operand order."""
-    for x_cos in _products(x, table_c):
-        for rot_sin in _products(rotated, table_s):
-            yield Tensor.add(x_cos, rot_sin)
-            yield Tensor.add(rot_sin, x_cos)
 
 
 @ruleset
@@ -77,21 +69,25 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     for f in (Tensor.cos, Tensor.sin):
         yield rewrite(f(Tensor.unsqueeze(a, ax))).to(Tensor.unsqueeze(f(a), ax))
 
-    # The rotations. The tables gain a unit axis at x's heads axis (−3 or −2 from the end of a 4D x).
-    heads_axis = (ax >= i64(-3), ax <= i64(-2))
+    # The rotations, in two halves that meet in the sum (smaller patterns than the whole sum in every operand
+    # order: egglog compiles each). The tables gain a unit axis at x's heads axis (−3 or −2 from the end).
+    heads_axis = (ax >= i64(-3), ax <= i64(-2), rank_of(x) == i64(4))
     half = Tensor.concat(Tensor.neg(Tensor.part(x, -1, h, h)), Tensor.part(x, -1, 0, h), -1)
-    for total in _sums(x, Tensor.unsqueeze(c, ax), half, Tensor.unsqueeze(s, ax)):
-        yield rewrite(total).to(
-            Tensor.rotary(x, c, s, ax + i64(4), 0, h * i64(2)),
-            *heads_axis, last_dim(x) == h * i64(2), rank_of(x) == i64(4), halves_repeat(c), halves_repeat(s),
-        )  # fmt: skip
     pairs_of = Tensor.interleave(Tensor.neg(Tensor.strided(x, 1)), Tensor.strided(x, 0))
-    table_c = Tensor.interleave(Tensor.unsqueeze(c, ax), Tensor.unsqueeze(c, ax))
-    table_s = Tensor.interleave(Tensor.unsqueeze(s, ax), Tensor.unsqueeze(s, ax))
-    for total in _sums(x, table_c, pairs_of, table_s):
-        yield rewrite(total).to(
-            Tensor.rotary(x, c, s, ax + i64(4), 1, w), *heads_axis, last_dim(x) == w, rank_of(x) == i64(4)
-        )
+    for table in _products(x, Tensor.unsqueeze(c, ax)):
+        yield rewrite(table).to(Tensor.rotary_cos(x, c, ax + i64(4), 0), *heads_axis, halves_repeat(c))
+    for table in _products(x, Tensor.interleave(Tensor.unsqueeze(c, ax), Tensor.unsqueeze(c, ax))):
+        yield rewrite(table).to(Tensor.rotary_cos(x, c, ax + i64(4), 1), *heads_axis)
+    for table in _products(half, Tensor.unsqueeze(s, ax)):
+        yield rewrite(table).to(
+            Tensor.rotary_sin(x, s, ax + i64(4), 0, h * i64(2)), *heads_axis, last_dim(x) == h * i64(2),
+            halves_repeat(s),
+        )  # fmt: skip
+    for table in _products(pairs_of, Tensor.interleave(Tensor.unsqueeze(s, ax), Tensor.unsqueeze(s, ax))):
+        yield rewrite(table).to(Tensor.rotary_sin(x, s, ax + i64(4), 1, w), *heads_axis, last_dim(x) == w)
+    cos_term, sin_term = Tensor.rotary_cos(x, c, ax, k), Tensor.rotary_sin(x, s, ax, k, w)
+    for total in (Tensor.add(cos_term, sin_term), Tensor.add(sin_term, cos_term)):
+        yield rewrite(total).to(Tensor.rotary(x, c, s, ax, k, w))
     # Partial: the first R features rotated, the rest concatenated back unchanged.
     rotated = Tensor.rotary(Tensor.part(x, -1, 0, w), c, s, ax, k, w)
     yield rewrite(Tensor.concat(rotated, Tensor.part(x, -1, w, n), -1)).to(
