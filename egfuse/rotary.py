@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
-from egfuse.regions import Region, _with_outputs, single_consumer
+from egfuse.regions import Region, _with_outputs, reads_type_only, single_consumer
 from egfuse.report import RotaryReport
 from egfuse.rotary_check import explain
 from egfuse.rotary_tables import producer
@@ -60,7 +60,7 @@ def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion
             anchor = users[0] if len(users) == 1 and users[0].op_type == "Reshape" else node
             members.add(anchor)
         reason, variant = explain(node, anchor, spelling == "interleaved", facts)
-        output, around = _around(anchor, members)
+        output, around = _around(anchor, members, facts)
         members |= around
         region = Region(index=len(found), softmax=anchor, nodes=sorted(members, key=order.__getitem__))
         found.append(RotaryRegion(_with_outputs(region, output), anchor, reason, variant))
@@ -78,24 +78,36 @@ def _rotate_nodes(concat: ir.Node) -> set[ir.Node]:
     return members
 
 
-def _around(anchor: ir.Node, members: set[ir.Node]) -> tuple[ir.Value, set[ir.Node]]:
+def _reader(value: ir.Value) -> ir.Node | None:
+    """The one node that computes with ``value`` (nodes that read only its type or shape aside)."""
+    readers = {use.node for use in value.uses() if not reads_type_only(use.node, value)}
+    return readers.pop() if len(readers) == 1 else None
+
+
+def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[ir.Value, set[ir.Node]]:
     """The products, the sum and the partial rotation's ends around ``rotate(x)``, with the table ops; and the
     value the rotation computes (``rotate(x)`` itself where they are not there)."""
     rotated = anchor.outputs[0]
     mul_sin = single_consumer(rotated)
-    add = single_consumer(mul_sin.outputs[0]) if mul_sin is not None and mul_sin.op_type == "Mul" else None
+    if mul_sin is None or mul_sin.op_type != "Mul":
+        return rotated, set()
+    around, term = {mul_sin}, mul_sin.outputs[0]
+    add = _reader(term)
+    if add is not None and add.op_type == "Mul" and any(facts.const(v) is not None for v in add.inputs):
+        around.add(add)  # torchlib's add(x, y, alpha): y · alpha, then the sum
+        term, add = add.outputs[0], _reader(add.outputs[0])
     if add is None or add.op_type != "Add":
         return rotated, set()
-    around = {mul_sin, add}
-    mul_cos = next((v.producer() for v in add.inputs if v is not mul_sin.outputs[0] and v is not None), None)
+    around.add(add)
+    mul_cos = next((v.producer() for v in add.inputs if v is not term and v is not None), None)
     slices = [n for n in members if n.op_type == "Slice"]
     kept = {rotated} | {n.inputs[0] for n in slices}
-    if mul_cos is not None and mul_cos.op_type == "Mul":
-        around.add(mul_cos)
-    for product in around - {add}:
-        for value in product.inputs:
-            if value is not None and value not in kept:
-                around |= _table_nodes(value)
+    for product in (mul_sin, mul_cos):
+        if product is not None and product.op_type == "Mul":
+            around.add(product)
+            for value in product.inputs:
+                if value is not None and value not in kept:
+                    around |= _table_nodes(value)
     output = add.outputs[0]
     source = slices[0].inputs[0].producer() if slices else None
     putback = single_consumer(output)

@@ -13,7 +13,7 @@ from egfuse.lang import Tensor, rank_of, scalar_of, swap_last2
 
 
 @ruleset
-def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String, pk: String):
+def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String, pk: String, r: i64, rx: i64):
     # q @ transpose(x, p) is q @ Kᵀ with K = transpose(x, p with its last two entries swapped).
     yield rule(Tensor.matmul(q, Tensor.transpose(x, p)), eq(rank_of(q)).to(i64(4)), pk == swap_last2(p)).then(
         union(Tensor.matmul(q, Tensor.transpose(x, p))).with_(Tensor.scores(q, Tensor.transpose(x, pk), 1.0))
@@ -34,3 +34,6 @@ def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String,
     yield rewrite(Tensor.scores(q, Tensor.div(k, c), s)).to(
         Tensor.scores(q, k, s / f), scalar_of(c) == f, f != f64(0.0)
     )
+    # A factor of one that broadcasts to nothing new is no factor (torchlib writes ``add(x, y, alpha=1)`` as
+    # ``x + y · 1``).
+    yield rewrite(Tensor.mul(x, c)).to(x, scalar_of(c) == f64(1.0), rank_of(c) == r, rank_of(x) == rx, r <= rx)

@@ -210,3 +210,18 @@ def test_interleaved_tables_with_cos_taken_before_or_after_the_repeat(cos_after_
     assert [r.status for r in result.report.rotary] == ["fused"], str(result.report)
     assert result.report.rotary[0].variant == "interleaved" and len(_rotary_ops(result.model)) == 1
     assert_same_outputs(model, result.model, feeds)
+
+
+def test_torchlibs_add_with_alpha_between_the_products_fuses():
+    """torch 2.3's dynamo export writes ``q·cos + rotate(q)·sin`` as ``add(x, y, alpha=1)``: ``x + y · 1``, with a
+    ``CastLike`` reading y's type. ``y · 1 = y`` (the scale family) lets the rules see the rotation; the
+    structural check still names the extra reader."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "drift" / "2024-06" / "mistral_eager.dynamo.onnx"
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    model = onnx.load(path)
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert [r.status for r in result.report.rotary] == ["fused"] * 4, str(result.report)
+    assert result.report.fused == 2 and result.report.validated is True
+    assert_same_outputs(model, result.model, feeds)
