@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-LAYER_FAMILIES = ("norms", "gelu")
-"""Rule families for norms and activations (issue 19): counted, but not attention's."""
+LAYER_FAMILIES = ("norms", "gelu", "rotary")
+"""Rule families for norms, activations and rotary embeddings: counted, but not attention's."""
 
 
 def table() -> str:
@@ -81,8 +81,8 @@ def counts() -> str:
     return (
         f"egfuse carries {ours['total']} rules in {families} families besides its facts: {ours['rewrite_rules']} "
         f"rewrites and {ours['fact_rules']} fact rules that derive the conditions rewrites read (`scalar_of`, "
-        f"`rank_of`, `finite`); of the rewrites, {sum(layer.values())} are for the rest of the layer, not attention "
-        f"({layer_text}), and some of `ort`'s are too. onnxscript {script['onnxscript_version']}'s attention "
+        f"`rank_of`, `finite`); of the rules, {sum(layer.values())} are for the rest of the layer, not attention "
+        f"({layer_text}, RoPE's including its table facts), and some of `ort`'s are too. onnxscript {script['onnxscript_version']}'s attention "
         f"rules, as `optimize_for_ort` "
         f"applies them, are {attention['rules_as_used']} rules matching {attention['spellings']} concrete "
         f"spellings (SDPA alone: {sdpa['spellings']}, from its `OrValue` alternatives); with `commute()` applied "
