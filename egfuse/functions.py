@@ -176,8 +176,8 @@ def fold_constant_ifs(graph: ir.Graph, facts: GraphFacts) -> int:
 
 def concat_sequences(graph: ir.Graph) -> int:
     """Replace ``ConcatFromSequence(SequenceConstruct(a, b, …), axis)`` (no new axis) by ``Concat(a, b, …, axis)``:
-    torch 2.1's dynamo exporter writes ``torch.cat`` so (RoPE's rotate_half), and the two are the same tensor.
-    Returns how many were replaced."""
+    torch 2.1's dynamo exporter writes ``torch.cat`` so (RoPE's rotate_half, a partial rotation's putback), and
+    the two are the same tensor. Returns how many were replaced."""
     replaced = 0
     for node in list(graph):
         if node.op_type != "ConcatFromSequence" or node.domain not in ("", "ai.onnx"):
@@ -198,6 +198,8 @@ def concat_sequences(graph: ir.Graph) -> int:
             new_values=concat.outputs,
         )
         replaced += 1
+        if not seq.outputs[0].uses():  # left read by nothing: its inputs' readers are the Concat's alone again
+            graph.remove(seq, safe=True)
     return replaced
 
 

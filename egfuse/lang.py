@@ -124,6 +124,15 @@ class Tensor(Expr):
         """``Gather(table, index, axis=0)``: rows of a table (``cos_cached[position_ids]``)."""
 
     @classmethod
+    def rows_nd(cls, table: Tensor, index: Tensor) -> Tensor:
+        """``GatherND(table, index)`` with an index of last dim 1: rows of a table (torch 2.1-2.3's ``aten::index``)."""
+
+    @classmethod
+    def sliced(cls, a: Tensor, axis: i64Like) -> Tensor:
+        """A piece of ``a`` along ``axis`` (counted from the end, never the last) at bounds only the graph knows
+        (``cos_cached[:seq_len]``): written as the graph's own value, never anew."""
+
+    @classmethod
     def strided(cls, a: Tensor, start: i64Like) -> Tensor:
         """``a[…, start::2]``: the even (0) or odd (1) features of an even-width last axis."""
 

@@ -84,6 +84,8 @@ class Lowerer(LayoutTerms, PieceTerms):
             return self._call(op.lower(), args[0])
         if op == "Gather":
             return self._rows(node, args)
+        if op == "GatherND":
+            return self._rows_nd(node, args)
         if op == "Tile":
             return self._tile(node, args[0])
         if op == "Pow":
@@ -157,11 +159,11 @@ class Lowerer(LayoutTerms, PieceTerms):
         return self._call("softmax", arg)
 
 
-_ROTARY_TERMS = ("neg", "cos", "sin", "rows", "strided", "unsqueeze")
+_ROTARY_TERMS = ("neg", "cos", "sin", "rows", "rows_nd", "strided", "unsqueeze", "sliced")
 """Terms of ops that only rotations are proven through."""
 
 
 def _required_inputs(op: str) -> int:
     required = {"Where": 3, "Reshape": 2, "MatMul": 2, "Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Expand": 2, "Slice": 3,
-                "Pow": 2, "Gather": 2, "Tile": 2}  # fmt: skip
+                "Pow": 2, "Gather": 2, "GatherND": 2, "Tile": 2}  # fmt: skip
     return required.get(op, 1)

@@ -127,8 +127,8 @@ class PieceTerms(TermWriter):
                 self.table.cuts.setdefault(str(at), bound)
                 self.table.commands.append(f"(union {piece} {cut})")
             return piece
-        if axis != -1:
-            return None
+        if axis != -1:  # rows cut at a length the graph computes (a cos table cut at the sequence length)
+            return self._call("sliced", arg, str(axis)) if int(steps.reshape(-1)[0]) == 1 else None
         if start == Dim(0) and end.static is None:
             self.table.cuts.setdefault(str(end), ins[2])
             return self._call("cols_before", arg, quoted(end))
@@ -183,3 +183,11 @@ class PieceTerms(TermWriter):
         if rank is None or rank < 2 or (0 if attr is None else int(attr.value)) % rank != 0:
             return None
         return self._call("rows", args[0], args[1])
+
+    def _rows_nd(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """``GatherND`` whose index ends in 1 (no batch dims) picks whole rows of a table of rank ≥ 2."""
+        rank, index = self.facts.rank(node.inputs[0]), self.facts.shape(node.inputs[1])
+        batch = node.attributes.get("batch_dims")
+        if rank is None or rank < 2 or not index or index[-1] != Dim(1) or (batch is not None and batch.value):
+            return None
+        return self._call("rows_nd", args[0], args[1])

@@ -38,7 +38,8 @@ class RotaryRegion:
     variant: str  # rotate-half or interleaved, partial or not: the report's name for it
 
 
-_TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "Mul", "Div", "Identity", "Neg",
+_TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "Mul", "Div", "Identity", "Neg", "Slice",
+                        "GatherND", "Transpose",
                         "Expand", "Tile", "Reshape"})  # fmt: skip
 """Ops a cos/sin table is computed with, after its angles: walked back from the products that read it."""
 _MAX_TABLE_DEPTH = 8

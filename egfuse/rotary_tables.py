@@ -147,4 +147,8 @@ def _repeated_halves(value: ir.Value, facts: GraphFacts, depth: int) -> str | No
             return _repeated_halves(node.inputs[1], facts, depth - 1)
     if op == "Gather" and rank is not None and axis_of(node.attributes, rank, default=0) != rank - 1:
         return _repeated_halves(node.inputs[0], facts, depth - 1)  # rows of a table (cos_cached[position_ids])
+    if op == "Slice" and rank is not None and len(node.inputs) > 3 and node.inputs[3] is not None:
+        axes = facts.const(node.inputs[3])  # rows cut (cos_cached[:seq_len]): the last axis untouched
+        if axes is not None and all(int(a) % rank != rank - 1 for a in np.ravel(axes)):
+            return _repeated_halves(node.inputs[0], facts, depth - 1)
     return f"it comes from {op}"

@@ -21,6 +21,7 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     )
     yield rewrite(Tensor.transpose(x, "0,1,2,3")).to(x)
     yield rewrite(Tensor.transpose(x, "0,1,2")).to(x)
+    yield rewrite(Tensor.transpose(x, "0,1")).to(x)
     # Reshape meanings and their inverses.
     yield rewrite(Tensor.merge_heads(Tensor.split_heads(x, n, h), n, h)).to(x)
     yield rewrite(Tensor.split_heads(Tensor.merge_heads(x, n, h), n, h)).to(x)

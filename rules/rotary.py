@@ -8,7 +8,8 @@ what the op reads, which is proven here as facts, never assumed:
 * rotate-half (Llama): ``rotate(x) = Concat(−x[…, R/2:], x[…, :R/2])`` and tables whose halves are equal —
   ``halves_repeat`` holds of ``Concat(θ, θ)`` on the last axis, of a stored table with equal halves (stated at
   lowering from its values), and through what keeps it: elementwise functions (cos, sin, neg, cast, a scalar
-  factor), rows gathered (``cos_cached[position_ids]``) and a new axis before the last;
+  factor), rows gathered (``cos_cached[position_ids]``) or cut (``cos_cached[:seq_len]``) and a new axis
+  before the last;
 * interleaved (GPT-J): ``rotate(x) = interleave(−x[…, 1::2], x[…, 0::2])`` (stacked on a new last axis and
   flattened) and tables ``interleave(t, t)`` — ``repeat_interleave(t, 2)``, which lowering reads as a unit last
   axis spread to two (``Concat(u, u)``) and merged. Elementwise functions, rows and new axes move inside an
@@ -47,7 +48,10 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     yield rule(eq(t).to(Tensor.mul(a, b)), halves_repeat(a), scalar_of(b) == v).then(halves_repeat(t))
     yield rule(eq(t).to(Tensor.div(a, b)), halves_repeat(a), scalar_of(b) == v).then(halves_repeat(t))
     yield rule(eq(t).to(Tensor.rows(a, i)), halves_repeat(a), rank_of(a) == r, r >= i64(2)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.rows_nd(a, i)), halves_repeat(a)).then(halves_repeat(t))
     yield rule(eq(t).to(Tensor.unsqueeze(a, ax)), halves_repeat(a), ax <= i64(-2)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.sliced(a, ax)), halves_repeat(a), ax <= i64(-2)).then(halves_repeat(t))
+    yield rule(eq(t).to(Tensor.part(a, ax, h, n)), halves_repeat(a), ax <= i64(-2)).then(halves_repeat(t))
 
     # Interleaved pairs: stacked on a new last axis and flattened; what is applied after moves inside.
     pairs = Tensor.concat(Tensor.unsqueeze(a, -1), Tensor.unsqueeze(b, -1), -1)

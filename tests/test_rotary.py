@@ -212,16 +212,26 @@ def test_interleaved_tables_with_cos_taken_before_or_after_the_repeat(cos_after_
     assert_same_outputs(model, result.model, feeds)
 
 
-def test_torchlibs_add_with_alpha_between_the_products_fuses():
-    """torch 2.3's dynamo export writes ``q·cos + rotate(q)·sin`` as ``add(x, y, alpha=1)``: ``x + y · 1``, with a
-    ``CastLike`` reading y's type. ``y · 1 = y`` (the scale family) lets the rules see the rotation; the
-    structural check still names the extra reader."""
+@pytest.mark.parametrize(
+    "export",
+    [
+        "2024-06/mistral_eager.dynamo",  # add(x, y, alpha=1): x + y · 1, a CastLike reading y's type
+        "2023-12/llama_eager.torchscript",  # cos_cached[:seq_len][position_ids]: rows cut, then gathered
+        "2024-06/qwen2_sdpa.dynamo",  # aten::index as Transpose, GatherND, Transpose (identity perms)
+        "2023-12/phi_eager.dynamo",  # partial, its putback a ConcatFromSequence
+    ],
+)
+def test_older_exporters_rotations_fuse(export):
+    """Spellings of 2023-24 exporters the hand-written matcher refused, each a missing identity: ``y · 1 = y``
+    (the scale family), rows cut or gathered by GatherND keep a table's repeated halves, the identity
+    transpose of a matrix vanishes."""
     from pathlib import Path
 
-    path = Path(__file__).parent / "data" / "drift" / "2024-06" / "mistral_eager.dynamo.onnx"
+    path = Path(__file__).parent / "data" / "drift" / f"{export}.onnx"
     feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
     model = onnx.load(path)
     result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert [r.status for r in result.report.rotary] == ["fused"] * 4, str(result.report)
     assert result.report.fused == 2 and result.report.validated is True
+    assert len(_rotary_ops(result.model)) == 4
     assert_same_outputs(model, result.model, feeds)

@@ -4,13 +4,13 @@ rotation that drops a feature, tables unsqueezed off the heads axis)."""
 
 from __future__ import annotations
 
-from egfuse.rules import facts, rotary
-from egglog import EggSmolError, EGraph, eq, i64, set_
+from egfuse.rules import facts, layout, rotary
+from egglog import EggSmolError, EGraph, eq, i64, set_, unstable_combine_rulesets
 
 from egfuse.lang import Tensor, halves_repeat, last_dim, rank_of
 
 x, theta, positions, t = (Tensor.value(i) for i in range(4))
-RULES = rotary.rules | facts.rules
+RULES = unstable_combine_rulesets(rotary.rules, facts.rules, layout.rules)
 
 
 def saturated(*terms_and_facts: object) -> EGraph:
@@ -110,3 +110,13 @@ def test_a_partial_rotation_concatenated_back_with_the_rest_is_the_op_and_with_a
     egraph = saturated(whole, gap, *x_facts(64))
     assert proves(egraph, whole, Tensor.rotary(x, t, theta, 1, 0, 16))
     assert not proves(egraph, gap, Tensor.rotary(x, t, theta, 1, 0, 16))
+
+
+def test_rows_cut_or_gathered_keep_the_halves_and_a_matrix_transposed_does_not():
+    cut = Tensor.rows_nd(Tensor.transpose(Tensor.sliced(t, -2), "0,1"), positions)
+    swapped = Tensor.rows_nd(Tensor.transpose(Tensor.sliced(t, -2), "1,0"), positions)
+    last_axis_cut = Tensor.sliced(t, -1)
+    egraph = saturated(cut, swapped, last_axis_cut, halves_repeat(t))
+    egraph.check(halves_repeat(cut))
+    egraph.check_fail(halves_repeat(swapped))
+    egraph.check_fail(halves_repeat(last_axis_cut))
