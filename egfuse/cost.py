@@ -23,7 +23,7 @@ from egfuse.targets.spec import LAYER_OPS, ROTARY_OPS, FusedOp, TargetSpec
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
 
-_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze"})
+_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze", "squeeze"})
 """Reshapes: no data moves, one node dispatched."""
 _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
@@ -151,7 +151,9 @@ class CostModel:
             flops, moved = _LAYER_FLOPS[node.op] * math.prod(x), 2 * math.prod(x) + 2 * x[-1]
             if node.op == "skip_layer_norm":  # the skip read, the sum written
                 moved += 2 * math.prod(x)
-            return Work(flops, moved * ELEMENT_BYTES)
+            # A rotation of (B, S, N, H) is the op's 3D form between two Reshapes.
+            nodes = 3 if node.op == "rotary" and int(view(node).heads_axis) != 1 else 1
+            return Work(flops, moved * ELEMENT_BYTES, nodes)
         if node.op == "packed_attention":
             a = view(node)
             x, wq, wk, wv = (self.dims(c) for c in (a.x, a.wq, a.wk, a.wv))

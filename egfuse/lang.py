@@ -120,6 +120,10 @@ class Tensor(Expr):
         """A new unit axis at ``axis`` of the result, counted from the end (ONNX's negative axes)."""
 
     @classmethod
+    def squeeze(cls, a: Tensor, axis: i64Like) -> Tensor:
+        """``a`` without its unit axis ``axis`` (counted from the end): ``unsqueeze``'s inverse."""
+
+    @classmethod
     def rows(cls, table: Tensor, index: Tensor) -> Tensor:
         """``Gather(table, index, axis=0)``: rows of a table (``cos_cached[position_ids]``)."""
 

@@ -120,6 +120,12 @@ class TermWriter:
             half = const.shape[-1] // 2  # a stored cos/sin table: its halves compared, once
             if np.issubdtype(const.dtype, np.floating) and np.array_equal(const[..., :half], const[..., half:]):
                 cmds.append(f"({self.n['halves_repeat']} {term})")
+                if const.ndim == 4:  # stored with the heads axis already added (a decode step's folded table)
+                    for axis in (-3, -2):
+                        if const.shape[axis] == 1:
+                            squeezed = self._call("squeeze", term, str(axis))
+                            cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, str(axis))})")
+                            cmds.append(f"({self.n['halves_repeat']} {squeezed})")
 
     def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
         if value is None:

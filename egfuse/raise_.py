@@ -258,8 +258,8 @@ class Emitter(MaskWriter):
             ends = [self.const(np.array([0], np.int64), "at"), cut] if op == "cols_before" else [
                 cut, self.const(np.array([2**63 - 1], np.int64), "to_end")]  # fmt: skip
             return self.node("Slice", [x, *ends, self.const(np.array([-1], np.int64), "axis")], like=x)
-        if op == "unsqueeze":
-            return self.unsqueeze(self.value(a.a), int(a.axis))
+        if op in ("unsqueeze", "squeeze"):
+            return getattr(self, op)(self.value(a.a), int(a.axis))
         if op == "strided":  # a[..., start::2]
             x = self.value(a.a)
             ins = [self.const(np.array([v], np.int64), "at") for v in (int(a.start), 2**62, -1, 2)]

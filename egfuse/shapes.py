@@ -125,6 +125,9 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         return tuple(Dim(int(a.size)) if i == len(x) + axis else d for i, d in enumerate(x))
     if op == "rotary":
         return kids[0]
+    if op == "squeeze":
+        at = len(kids[0]) + int(a.axis)
+        return (*kids[0][:at], *kids[0][at + 1 :]) if 0 <= at < len(kids[0]) else None
     if op == "unsqueeze":
         at = len(kids[0]) + 1 + int(a.axis)
         return (*kids[0][:at], Dim(1), *kids[0][at:]) if 0 <= at <= len(kids[0]) else None

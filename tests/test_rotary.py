@@ -219,12 +219,13 @@ def test_interleaved_tables_with_cos_taken_before_or_after_the_repeat(cos_after_
         "2023-12/llama_eager.torchscript",  # cos_cached[:seq_len][position_ids]: rows cut, then gathered
         "2024-06/qwen2_sdpa.dynamo",  # aten::index as Transpose, GatherND, Transpose (identity perms)
         "2023-12/phi_eager.dynamo",  # partial, its putback a ConcatFromSequence
+        "2026-11/llama_past_sdpa.dynamo",  # a decode step's tables folded to (1, 1, 1, H) constants
     ],
 )
 def test_older_exporters_rotations_fuse(export):
-    """Spellings of 2023-24 exporters the hand-written matcher refused, each a missing identity: ``y · 1 = y``
-    (the scale family), rows cut or gathered by GatherND keep a table's repeated halves, the identity
-    transpose of a matrix vanishes."""
+    """Spellings the hand-written matcher refused, each a missing identity: ``y · 1 = y`` (the scale family),
+    rows cut or gathered by GatherND keep a table's repeated halves, the identity transpose of a matrix
+    vanishes, a stored 4D table with a unit heads axis is that axis added to the table without it."""
     from pathlib import Path
 
     path = Path(__file__).parent / "data" / "drift" / f"{export}.onnx"
