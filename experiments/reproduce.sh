@@ -22,5 +22,6 @@ step experiments/robustness.py
 step experiments/bench_memory.py
 step experiments/rules_vs_patterns.py
 step experiments/variant_space.py          # resumes from results/.variant_space_cache.jsonl
+step experiments/rope_drift.py            # RoPE per release (~15 min)
 step experiments/exporter_drift.py         # reads drift_coverage.json: experiments/drift_coverage.py (~1 h) re-measures it
 step experiments/render_results.py
