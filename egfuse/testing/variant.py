@@ -55,7 +55,7 @@ ROPE_TABLES = ("inputs", "positions", "buffer")
 """Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
 must stay as it is), computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable), or stored
 (max_positions, H) buffers cut to the sequence length read off the input (transformers 4.36's
-``cos_cached[:seq_len]``: a Slice whose end is symbolic)."""
+``cos_cached[:seq_len]``: a Slice whose end is symbolic; fusable, since rows cut keep equal halves)."""
 
 
 CONCATS = ("plain", "sequence")

@@ -50,8 +50,9 @@ def _check_fuses(variant: Variant, target: str) -> None:
 def _check_rotations(variant: Variant, result: egfuse.FuseResult) -> None:
     """RoPE on Q and K becomes two RotaryEmbedding ops exactly when the tables provably have the op's
     structure: interleaved tables always do (the graph repeats each entry itself); rotate-half tables must be
-    cos/sin of ``Concat(θ, θ)`` — tables fed as inputs (halves unknown) keep the rotation as it was."""
-    fusable = variant.rope and (variant.rope_interleaved or variant.rope_tables == "positions")
+    cos/sin of ``Concat(θ, θ)`` or a stored table with equal halves cut to the sequence (``buffer``: rows cut
+    keep the halves) — tables fed as inputs (halves unknown) keep the rotation as it was."""
+    fusable = variant.rope and (variant.rope_interleaved or variant.rope_tables in ("positions", "buffer"))
     written = sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node)
     assert written == (2 if fusable else 0), f"{variant}\n{result.report}"
     assert len(result.report.rotary) == (2 if variant.rope else 0)
