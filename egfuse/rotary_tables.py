@@ -50,9 +50,9 @@ def table_for(
     seq_axis = 2 if heads_axis == HEADS_FIRST else 1
     if t_shape is None or len(t_shape) != 3 or x_shape is None:
         raise NoMatch(f"the {name} table's shape is not known to be (batch, seq, R)")
-    if not _same_dim(t_shape[2], Dim(width // 2 if interleaved else width)):
+    if not same_dim(t_shape[2], Dim(width // 2 if interleaved else width)):
         raise NoMatch(f"the {name} table does not have the rotated width")
-    if not _same_dim(t_shape[1], x_shape[seq_axis]):
+    if not same_dim(t_shape[1], x_shape[seq_axis]):
         raise NoMatch(f"the {name} table's sequence length is not provably x's")
     # The graph broadcasts the table's batch (B or 1) against x's; the op wants B. Expand to x's batch is
     # right either way, so it is written unless the two are provably the same dim.
@@ -112,7 +112,7 @@ def _single_axis(axes: np.ndarray | None, rank: int) -> int | None:
     return flat[0] if len(flat) == 1 else None
 
 
-def _same_dim(table: Dim | None, x: Dim | None) -> bool:
+def same_dim(table: Dim | None, x: Dim | None) -> bool:
     """Equal dims, or a dim shape inference invented against one that is not 1: the graph multiplies the two,
     which is legal only where they are equal or one is 1, and onnxruntime's RotaryEmbedding refuses tables
     whose length or width is not x's (measured; the width is in the op's definition), so the op can never

@@ -5,27 +5,19 @@ rotation that drops a feature, tables unsqueezed off the heads axis)."""
 from __future__ import annotations
 
 from egfuse.rules import facts, layout, rotary
-from egglog import EggSmolError, EGraph, eq, i64, set_, unstable_combine_rulesets
+from egglog import EGraph, i64, set_, unstable_combine_rulesets
 
 from egfuse.lang import Tensor, halves_repeat, last_dim, rank_of
+
+from .test_rules import proves
+from .test_rules import saturated as rules_saturated
 
 x, theta, positions, t = (Tensor.value(i) for i in range(4))
 RULES = unstable_combine_rulesets(rotary.rules, facts.rules, layout.rules)
 
 
 def saturated(*terms_and_facts: object) -> EGraph:
-    egraph = EGraph()
-    egraph.register(*terms_and_facts)
-    egraph.run(RULES.saturate())
-    return egraph
-
-
-def proves(egraph: EGraph, a: Tensor, b: Tensor) -> bool:
-    try:
-        egraph.check(eq(a).to(b))
-    except EggSmolError:
-        return False
-    return True
+    return rules_saturated(RULES, *terms_and_facts)
 
 
 def x_facts(width: int, of: Tensor = x) -> list:
