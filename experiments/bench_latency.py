@@ -9,8 +9,10 @@ two convolutions, ``max_source_positions`` = the length). Variants: the dynamo e
 for each target, and — what a user with the PyTorch source would try first — the same model re-exported at
 ``opset_version=23`` (torch then writes the standard ``Attention`` itself for SDPA models).
 
-Sessions use onnxruntime's default options (what users get). Runs are interleaved (variant A, B, … then
-again), medians are reported as ratios to the unfused export.
+Sessions use onnxruntime's default options (what users get). Runs are interleaved one by one (variant A, B,
+… then again, the order rotated each round; at least 30 rounds and 30 s per row), medians are reported as
+ratios to the unfused export. A tool's output is reused from an earlier run only while the code that made it
+is unchanged (egfuse's source fingerprint, the other tools' versions).
 
     python experiments/bench_latency.py                       # every model (~40 min on 2 cores, exports first)
     python experiments/bench_latency.py --models vit          # one model; the others' rows are kept
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from fingerprint import package_version, source_fingerprint
 
 HERE = Path(__file__).parent
 REPO = HERE.resolve().parent
@@ -40,6 +43,7 @@ RESULTS = HERE / "results"
 MODELS = HERE / "corpus" / "latency"
 TOOLS = ["onnxscript", "ort", "egfuse:ort", "egfuse:onnx"]
 ORIGINAL = "original (dynamo, opset 18)"
+PACKAGE = {"onnxscript": "onnxscript", "ort": "onnxruntime"}
 
 
 KINDS = ("bert", "llama", "llama_decode", "vit", "whisper_encoder")
@@ -202,9 +206,14 @@ def export(kind: str, opset: int, seq: int = 128) -> Path:
 
 
 def optimize(tool: str, source: Path, kind: str) -> tuple[Path | None, str]:
+    """The tool's output for ``source``, reused from an earlier run only while what made it is unchanged: an
+    egfuse output is stamped with egfuse's source fingerprint (a stale one timed the code of an older commit)."""
     out = source.with_name(source.name.replace("_opset18", "").replace(".onnx", f".{tool.replace(':', '_')}.onnx"))
-    if out.exists():
+    stamp = out.with_name(out.name + ".fingerprint")
+    made_by = source_fingerprint() if tool.startswith("egfuse") else package_version(PACKAGE[tool])
+    if out.exists() and stamp.exists() and stamp.read_text() == made_by:
         return out, ""
+    out.unlink(missing_ok=True)
     cmd = [
         sys.executable,
         str(HERE / "optimize_worker.py"),
@@ -226,6 +235,7 @@ def optimize(tool: str, source: Path, kind: str) -> tuple[Path | None, str]:
     record = json.loads(lines[-1])
     if not record.get("ok"):
         return None, record.get("error", "failed")
+    stamp.write_text(made_by)
     return out, json.dumps(record.get("fused"))
 
 
@@ -268,32 +278,48 @@ def model_gflop(kind: str, seq: int) -> float:
     return LAYERS * per_layer / 1e9
 
 
-def time_model(path: Path, feeds: dict, runs: int) -> float | str:
+def open_session(path: Path, feeds: dict):
+    """A warmed-up session and the feeds it takes, or why it cannot run."""
     import onnxruntime as ort
 
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        session.run(None, feeds)  # warm-up
+        names = {i.name for i in session.get_inputs()}
+        mine = {k: v for k, v in feeds.items() if k in names}
+        session.run(None, mine)  # warm-up
     except Exception as err:
         return f"fails on onnxruntime: {str(err).strip().splitlines()[-1][:120]}"
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return session, mine
+
+
+def time_interleaved(sessions: dict, rounds: int, min_seconds: float) -> dict[str, list[float]]:
+    """Each variant run once per round, the order rotated every round: a slow spell of a shared machine falls
+    on every variant alike instead of on whichever block of runs it hit. At least ``rounds`` rounds, more for
+    a fast model until the runs took ``min_seconds`` (a decode step's 3 ms needs hundreds of samples)."""
+    names = list(sessions)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    began, r = time.perf_counter(), 0
+    while r < rounds or time.perf_counter() - began < min_seconds:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            session, feeds = sessions[name]
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times[name].append(time.perf_counter() - start)
+        r += 1
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=30, help="runs of each variant, interleaved (at least)")
+    parser.add_argument("--min-seconds", type=float, default=30.0, help="more rounds until a row took this long")
     parser.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure these; the others' rows are kept from results/latency.json")  # fmt: skip
     args = parser.parse_args(argv)
     seqs = [128] if args.quick else [128, 512]
-    runs = 5 if args.quick else 10
-    results: dict = {"reps": args.reps, "runs_per_rep": runs, "models": {}}
+    rounds, min_seconds = (10, 5.0) if args.quick else (args.rounds, args.min_seconds)
+    results: dict = {"rounds": rounds, "min_seconds": min_seconds, "models": {}}
     previous = RESULTS / "latency.json"
     if previous.exists() and set(args.models) != set(KINDS):
         old = json.loads(previous.read_text())
@@ -320,12 +346,18 @@ def main(argv: list[str] | None = None) -> int:
                 variants["torch opset 23"], notes[key]["torch opset 23"] = None, f"export failed: {err}"[:300]
             paths[key] = {name: _relative(v) if v else None for name, v in variants.items()}
             feeds = example_inputs(kind, s)
-            for rep in range(args.reps):
-                for name, path in variants.items():  # interleaved
-                    value = time_model(path, feeds, runs) if path is not None else notes[key].get(name, "not built")
-                    table.setdefault(name, {}).setdefault(key, []).append(value)
-                    shown = f"{value * 1000:.1f} ms" if isinstance(value, float) else value[:60]
-                    print(f"{kind} S={s} rep {rep + 1} {name:<28} {shown}", flush=True)
+            sessions = {}
+            for name, path in variants.items():
+                opened = open_session(path, feeds) if path is not None else notes[key].get(name, "not built")
+                if isinstance(opened, str):
+                    table.setdefault(name, {})[key] = [opened]
+                else:
+                    sessions[name] = opened
+            for name, seconds in time_interleaved(sessions, rounds, min_seconds).items():
+                table.setdefault(name, {})[key] = seconds
+                shown = f"{statistics.median(seconds) * 1000:.1f} ms over {len(seconds)} runs"
+                print(f"{kind} S={s} {name:<28} {shown}", flush=True)
+            del sessions
         results["models"][kind] = {
             "seqs": seqs,
             "tokens": {str(s): tokens(kind, s) for s in seqs},

@@ -29,8 +29,6 @@ import ast
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
 import inspect
 import json
 import random
@@ -48,6 +46,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from egglog import unstable_combine_rulesets  # noqa: E402
+from fingerprint import package_version, source_fingerprint  # noqa: E402
 
 import egfuse  # noqa: E402
 import egfuse.search  # noqa: E402
@@ -532,16 +531,6 @@ def _outcome(variant: Variant) -> dict[str, Any]:
     }
 
 
-def _fingerprint() -> str:
-    """What the outcomes depend on: egfuse's and the rules' sources and the versions of what runs them."""
-    digest = hashlib.sha256()
-    for path in sorted([*(REPO / "egfuse").rglob("*.py"), *(REPO / "rules").glob("*.py")]):
-        digest.update(str(path.relative_to(REPO)).encode() + path.read_bytes())
-    for package in ("egglog", "onnxruntime", "onnx", "onnx-ir"):
-        digest.update(f"{package}={_version(package)}".encode())
-    return digest.hexdigest()[:16]
-
-
 def _source_tree() -> dict[str, Any]:
     """The commit the ablation ran on and whether egfuse/ or rules/ differed from it (others may be editing)."""
 
@@ -551,13 +540,6 @@ def _source_tree() -> dict[str, Any]:
 
     changed = git("status", "--porcelain", "--", "egfuse", "rules").splitlines()
     return {"commit": git("rev-parse", "--short", "HEAD") or None, "uncommitted_files_in_egfuse_or_rules": len(changed)}
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
 
 
 class Cache:
@@ -634,7 +616,7 @@ def ablation(count: int, seed: int, cache_path: Path) -> dict[str, Any]:
     unpatched ruleset as a check that the patch is faithful, and whether the certifier got the same ruleset."""
     start = time.perf_counter()
     sample = draw_variants(count, seed)
-    cache = Cache(cache_path, _fingerprint())
+    cache = Cache(cache_path, source_fingerprint(("egglog", "onnxruntime", "onnx", "onnx-ir")))
     core_all = tuple(rules.CORE_FAMILIES)
     assert sorted(CUMULATIVE_ORDER) == sorted(core_all), "the cumulative order must list every core family once"
     identical: list[bool] = []
@@ -897,7 +879,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     print("counted rules, patterns and paths; ablation running …", flush=True)
     results["ablation"] = ablation(args.variants, args.seed, args.cache)
-    results["versions"] = {name: _version(name) for name in ("egfuse", "egglog", "onnxscript", "onnxruntime")}
+    results["versions"] = {name: package_version(name) for name in ("egfuse", "egglog", "onnxscript", "onnxruntime")}
     results["source_tree"] = _source_tree()
     results["run_seconds"] = round(time.perf_counter() - start, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,8 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(ROOT))
 
+from fingerprint import package_version, source_fingerprint  # noqa: E402
+
 from egfuse.fanout import Crashed, fan_out  # noqa: E402
 from egfuse.testing import AXES, Variant, canonical  # noqa: E402
 
@@ -340,24 +342,6 @@ def _run_variant(variant: Variant, tools: tuple[str, ...]) -> dict[str, dict[str
     return {tool: run_tool(tool, variant) for tool in tools}
 
 
-def _fingerprint() -> str:
-    digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "egfuse").rglob("*.py"), *(ROOT / "rules").glob("*.py")]):
-        digest.update(str(path.relative_to(ROOT)).encode() + path.read_bytes())
-    for package in ("onnxscript", "onnxruntime", "onnx", "egglog"):
-        digest.update(f"{package}={_version(package)}".encode())
-    return digest.hexdigest()[:16]
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "missing"
-
-
 def _key(variant: Variant) -> str:
     return json.dumps(asdict(variant), sort_keys=True)
 
@@ -368,7 +352,7 @@ def outcomes(
     """Every tool on every sampled spelling, resumed from the cache; a crashed worker is a row, not the end.
     Past ``minutes`` the spellings not yet run are left (None) and a later run resumes from the cache; the
     summary takes the longest finished prefix of the draws (:func:`main`)."""
-    fingerprint = _fingerprint()
+    fingerprint = source_fingerprint(("onnxscript", "onnxruntime", "onnx", "egglog"))
     cache: dict[str, dict] = {}
     if cache_path.exists():
         for line in cache_path.read_text().splitlines():
@@ -636,7 +620,7 @@ def main(argv: list[str] | None = None) -> None:
         "space": space,
         "verify": checked,
         **summarise(sample, rows, tools),
-        "versions": {p: _version(p) for p in ("egglog", "onnx", "onnxruntime", "onnxscript")},
+        "versions": {p: package_version(p) for p in ("egglog", "onnx", "onnxruntime", "onnxscript")},
         "seconds_per_spelling": {t: round(sum(r[t].get("seconds", 0) for r in rows) / len(rows), 3) for t in tools},
     }
     (RESULTS / "variant_space.json").write_text(json.dumps(result, indent=1) + "\n")
