@@ -38,7 +38,7 @@ import numpy as np
 from fingerprint import package_version, source_fingerprint
 
 HERE = Path(__file__).parent
-REPO = HERE.resolve().parent
+REPO = HERE.absolute().parent
 RESULTS = HERE / "results"
 MODELS = HERE / "corpus" / "latency"
 TOOLS = ["onnxscript", "ort", "egfuse:ort", "egfuse:onnx"]
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _relative(path: Path) -> str:
     """A results file names models relative to the repository, never by this machine's path."""
-    return Path(path).resolve().relative_to(REPO).as_posix()
+    return Path(path).absolute().relative_to(REPO).as_posix()  # not resolve(): a linked corpus stays in the repo
 
 
 def _median(values: list) -> float | None:
