@@ -9,10 +9,10 @@ two convolutions, ``max_source_positions`` = the length). Variants: the dynamo e
 for each target, and — what a user with the PyTorch source would try first — the same model re-exported at
 ``opset_version=23`` (torch then writes the standard ``Attention`` itself for SDPA models).
 
-Sessions use onnxruntime's default options (what users get). Runs are interleaved one by one (variant A, B,
-… then again, the order rotated each round; at least 30 rounds and 30 s per row), medians are reported as
-ratios to the unfused export. A tool's output is reused from an earlier run only while the code that made it
-is unchanged (egfuse's source fingerprint, the other tools' versions).
+Sessions use onnxruntime's default options (what users get). Runs are interleaved in blocks of five after a
+pause and an untimed run (variant A, B, … then again, the order rotated each round; at least 6 rounds and 30 s per row),
+medians are reported as ratios to the unfused export. A tool's output is reused from an earlier run only
+while the code that made it is unchanged (egfuse's source fingerprint, the other tools' versions).
 
     python experiments/bench_latency.py                       # every model (~40 min on 2 cores, exports first)
     python experiments/bench_latency.py --models vit          # one model; the others' rows are kept
@@ -292,19 +292,25 @@ def open_session(path: Path, feeds: dict):
     return session, mine
 
 
-def time_interleaved(sessions: dict, rounds: int, min_seconds: float) -> dict[str, list[float]]:
-    """Each variant run once per round, the order rotated every round: a slow spell of a shared machine falls
-    on every variant alike instead of on whichever block of runs it hit. At least ``rounds`` rounds, more for
-    a fast model until the runs took ``min_seconds`` (a decode step's 3 ms needs hundreds of samples)."""
+def time_interleaved(sessions: dict, rounds: int, min_seconds: float, block: int = 5) -> dict[str, list[float]]:
+    """Each variant run in short blocks, the blocks interleaved and their order rotated every round: a slow
+    spell of a shared machine falls on every variant alike instead of on whichever variant it hit. Each block
+    starts with a 0.1 s pause and an untimed run: onnxruntime's threads keep spinning for a while after a run
+    (its default), and the previous session's spinning threads slowed the next one's runs (a decode step 2–3×
+    slower in blocks of five without the pause). At least ``rounds`` blocks, more for a fast model until the
+    runs took ``min_seconds``."""
     names = list(sessions)
     times: dict[str, list[float]] = {name: [] for name in names}
     began, r = time.perf_counter(), 0
     while r < rounds or time.perf_counter() - began < min_seconds:
         for name in names[r % len(names) :] + names[: r % len(names)]:
             session, feeds = sessions[name]
-            start = time.perf_counter()
+            time.sleep(0.1)
             session.run(None, feeds)
-            times[name].append(time.perf_counter() - start)
+            for _ in range(block):
+                start = time.perf_counter()
+                session.run(None, feeds)
+                times[name].append(time.perf_counter() - start)
         r += 1
     return times
 
@@ -312,13 +318,13 @@ def time_interleaved(sessions: dict, rounds: int, min_seconds: float) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=30, help="runs of each variant, interleaved (at least)")
+    parser.add_argument("--rounds", type=int, default=6, help="blocks of 5 runs of each variant, interleaved")
     parser.add_argument("--min-seconds", type=float, default=30.0, help="more rounds until a row took this long")
     parser.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure these; the others' rows are kept from results/latency.json")  # fmt: skip
     args = parser.parse_args(argv)
     seqs = [128] if args.quick else [128, 512]
-    rounds, min_seconds = (10, 5.0) if args.quick else (args.rounds, args.min_seconds)
+    rounds, min_seconds = (2, 5.0) if args.quick else (args.rounds, args.min_seconds)
     results: dict = {"rounds": rounds, "min_seconds": min_seconds, "models": {}}
     previous = RESULTS / "latency.json"
     if previous.exists() and set(args.models) != set(KINDS):
