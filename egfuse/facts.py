@@ -50,6 +50,12 @@ def _uniform(array: np.ndarray | None) -> float | None:
     return float(array.reshape(-1)[0])
 
 
+_FINITE_LAYOUT = frozenset(
+    {"Identity", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Slice", "Gather", "Flatten", "Tile"}
+)
+"""Ops that only move, copy or select elements: a result of finite elements has finite elements."""
+
+
 class GraphFacts:
     """Shapes, dtypes and constant values of a graph's values, by abstract evaluation."""
 
@@ -59,6 +65,7 @@ class GraphFacts:
         self._elems: dict[ir.Value, tuple[Dim | None, ...]] = {}
         self._shape: dict[ir.Value, Shape] = {}
         self._flags: dict[ir.Value, tuple[bool, ...]] = {}  # known boolean vectors (Equal on a shape)
+        self._finite: dict[ir.Value, bool] = {}
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -101,6 +108,42 @@ class GraphFacts:
             return bool(c.reshape(-1)[0]) if c.size == 1 else None
         flags = self._flags.get(value) if value is not None else None
         return flags[0] if flags is not None and len(flags) == 1 else None
+
+    def finite(self, value: ir.Value | None) -> bool:
+        """Whether every element of ``value`` is finite, as far as its producers show: finite constants, a
+        ``Where`` choosing between finite values, a layout op of one, a bool or a finite float cast to a float
+        as wide. A mask built once and shared by every layer is computed outside all regions but the first;
+        without this the later regions could not prove it finite, and keep a NaN guard the first one drops.
+        Sums are not followed (two finite fills of ``finfo.min`` add up to ``-inf``)."""
+        if value is None:
+            return False
+        if value not in self._finite:
+            self._finite[value] = False  # a cycle (there is none in a DAG) or a deep chain reads as unknown
+            self._finite[value] = self._is_finite(value)
+        return self._finite[value]
+
+    def _is_finite(self, value: ir.Value) -> bool:
+        const = self.weight(value)
+        if const is not None:
+            return bool(np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)))
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        op, inputs = node.op_type, node.inputs
+        if op == "Where":
+            return self.finite(inputs[1]) and self.finite(inputs[2])
+        if op in _FINITE_LAYOUT:
+            return self.finite(inputs[0])
+        if op == "Concat":
+            return all(self.finite(x) for x in inputs)
+        if op == "Cast":
+            source, target = inputs[0].dtype, ir.DataType(attr(node, "to"))
+            if source is None or not target.is_floating_point():
+                return False
+            if source == ir.DataType.BOOL:
+                return True
+            return source.is_floating_point() and source.itemsize <= target.itemsize and self.finite(inputs[0])
+        return False
 
     def elems(self, value: ir.Value | None) -> tuple[Dim | None, ...] | None:
         if value is None:

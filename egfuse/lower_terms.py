@@ -114,7 +114,7 @@ class TermWriter:
             cmds.append(f"({self.n['is_weight']} {term})")
             for axis in (-1, -2)[: const.ndim]:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
-        if const is not None and np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)):
+        if self.facts.finite(value):  # a finite constant, or a mask made of finite fills outside the region
             cmds.append(f"({self.n['finite']} {term})")
         if const is not None and const.ndim >= 2 and const.shape[-1] % 2 == 0 and const.shape[-1] > 0:
             half = const.shape[-1] // 2  # a stored cos/sin table: its halves compared, once
