@@ -10,11 +10,11 @@ for each target, and — what a user with the PyTorch source would try first —
 ``opset_version=23`` (torch then writes the standard ``Attention`` itself for SDPA models).
 
 Sessions use onnxruntime's default options (what users get). Runs are interleaved in blocks of five after a
-pause and an untimed run (variant A, B, … then again, the order rotated each round; at least 6 rounds and 30 s per row),
+pause and an untimed run (variant A, B, … then again, the order rotated each round; at least 12 rounds and 90 s per row),
 medians are reported as ratios to the unfused export. A tool's output is reused from an earlier run only
 while the code that made it is unchanged (egfuse's source fingerprint, the other tools' versions).
 
-    python experiments/bench_latency.py                       # every model (~40 min on 2 cores, exports first)
+    python experiments/bench_latency.py                       # every model (~25 min on 2 cores, exports first)
     python experiments/bench_latency.py --models vit          # one model; the others' rows are kept
     python experiments/bench_latency.py --quick               # sequence 128 only, fewer runs
 
@@ -318,8 +318,8 @@ def time_interleaved(sessions: dict, rounds: int, min_seconds: float, block: int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=6, help="blocks of 5 runs of each variant, interleaved")
-    parser.add_argument("--min-seconds", type=float, default=30.0, help="more rounds until a row took this long")
+    parser.add_argument("--rounds", type=int, default=12, help="blocks of 5 runs of each variant, interleaved")
+    parser.add_argument("--min-seconds", type=float, default=90.0, help="more rounds until a row took this long")
     parser.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS),
                         help="measure these; the others' rows are kept from results/latency.json")  # fmt: skip
     args = parser.parse_args(argv)
