@@ -10,11 +10,11 @@ for each target, and — what a user with the PyTorch source would try first —
 ``opset_version=23`` (torch then writes the standard ``Attention`` itself for SDPA models).
 
 Sessions use onnxruntime's default options (what users get). Runs are interleaved in blocks of five after a
-pause and an untimed run (variant A, B, … then again, the order rotated each round; at least 12 rounds and 90 s per row),
-medians are reported as ratios to the unfused export. A tool's output is reused from an earlier run only
+pause and an untimed run (variant A, B, … then again, the order rotated each round; at least 12 rounds and 90 s
+per row), medians are reported as ratios to the unfused export. A tool's output is reused from an earlier run only
 while the code that made it is unchanged (egfuse's source fingerprint, the other tools' versions).
 
-    python experiments/bench_latency.py                       # every model (~25 min on 2 cores, exports first)
+    python experiments/bench_latency.py                       # every model (~20 min on 2 cores, exports first)
     python experiments/bench_latency.py --models vit          # one model; the others' rows are kept
     python experiments/bench_latency.py --quick               # sequence 128 only, fewer runs
 
