@@ -118,7 +118,7 @@ class GraphFacts:
         if value is None:
             return False
         if value not in self._finite:
-            self._finite[value] = False  # a cycle (there is none in a DAG) or a deep chain reads as unknown
+            self._finite[value] = False  # reached again before it is known (no DAG does that): unknown
             self._finite[value] = self._is_finite(value)
         return self._finite[value]
 

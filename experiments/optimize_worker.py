@@ -17,6 +17,7 @@ import resource
 import sys
 import time
 import traceback
+from pathlib import Path
 
 
 def fused_counts(model) -> dict[str, int]:
@@ -27,6 +28,19 @@ def fused_counts(model) -> dict[str, int]:
             key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory. Linux keeps ``ru_maxrss`` across exec, so a worker started by a
+    parent that built models with torch (800 MB) reported the parent's peak for every tool; ``VmHWM`` is the
+    high-water mark of this program's own address space."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str | None):
@@ -118,7 +132,7 @@ def main() -> int:
     except BaseException as err:  # a crash is a result here
         record.update(ok=False, error=f"{type(err).__name__}: {str(err).strip()[:300]}")
         traceback.print_exc(file=sys.stderr)
-    record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    record["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(record))
     return 0
 
