@@ -3,11 +3,19 @@ candidate table, and why a region stayed as written when its own ops are predict
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from egfuse.cost import CostModel
-from egfuse.enodes import view
-from egfuse.extract import extract
-from egfuse.session import EClass, ENode
-from egfuse.targets.spec import FUSED
+from egfuse.enodes import value_index, view
+from egfuse.extract import Choice, extract
+from egfuse.lower import Lowerer
+from egfuse.session import EClass, ENode, Session
+from egfuse.shapes import class_shapes
+from egfuse.targets.spec import FUSED, TargetSpec
+
+if TYPE_CHECKING:
+    from egfuse.facts import GraphFacts
+    from egfuse.regions import Region
 
 _WRAPPERS = frozenset({"transpose", "merge_heads", "split_heads", "merge_lead", "split_lead", "reshape", "cast",
                        "nan_to_zero"})  # fmt: skip
@@ -91,3 +99,46 @@ def _unfused_cost(main: EClass, classes: dict[EClass, list[ENode]], model: CostM
         stack.extend(c for node in classes[cid] for c in node.children)
     best = extract({cid: classes[cid] for cid in reach}, _Unfused(model))
     return best[main].total if main in best else None
+
+
+def written_cost(
+    region: Region, facts: GraphFacts, opset: int, spec: TargetSpec, value_types: frozenset[str]
+) -> float | None:
+    """The predicted cost of the region's ops exactly as the graph spells them: the region lowered alone and not
+    saturated, so its e-graph holds no rewrite of them. A region that is not fused is kept as written, so this,
+    not the cheapest rewrite of its own ops (which egfuse never writes), is what a fused form must beat."""
+    session = Session()
+    lowerer = Lowerer(facts, session.names, opset)
+    lowerer.lower(region)
+    session.add(lowerer.table.commands)
+    classes, _ = session.freeze()
+    main = next(
+        (
+            cid
+            for cid, nodes in classes.items()
+            for node in nodes
+            if node.op == "ref" and lowerer.table.values[value_index(node)] is region.main_output
+        ),
+        None,
+    )
+    if main is None:
+        return None
+    best = extract(classes, _Unfused(CostModel(spec, class_shapes(classes, lowerer.table, facts), value_types)))
+    return best[main].total if main in best else None
+
+
+def fused_choice(main: EClass, classes: dict[EClass, list[ENode]], model: CostModel) -> dict[EClass, Choice]:
+    """The cheapest program for ``main`` that goes through a fused op: its class, and the layout and guard
+    wrappers below it, keep only fused forms and wrappers."""
+    spine, stack = set(), [main]
+    while stack:
+        cid = stack.pop()
+        if cid in spine or cid not in classes:
+            continue
+        spine.add(cid)
+        stack.extend(view(n).a for n in classes[cid] if n.op in _WRAPPERS and n.children)
+    restricted = {
+        cid: [n for n in nodes if n.op in FUSED or n.op in _WRAPPERS] if cid in spine else nodes
+        for cid, nodes in classes.items()
+    }
+    return extract(restricted, model)

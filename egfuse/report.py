@@ -169,6 +169,10 @@ class Report:
         return "\n".join(lines)
 
 
+WRITTEN_NOTE = "fused over the ops as written"
+"""A region note's start: the fused form is predicted cheaper than the region as the graph spells it, though
+not than a rewrite of its own ops (which egfuse never writes: a region not fused is kept as written)."""
+
 _NAME_WIDTH = 48
 """The softmax-name column's widest; a longer name gets a line of its own."""
 
@@ -186,6 +190,8 @@ def _choice_line(region: RegionReport) -> str | None:
     others = [c for c in priced if c is not written]
     listed = ", ".join(f"{c['form']} → {c['op']} {c['cost_us']:.0f} µs" for c in others[:3])
     line = f"chosen: {written['form']} → {written['op']}, {written['cost_us']:.0f} µs predicted"
+    if any(n.startswith(WRITTEN_NOTE) for n in region.notes):  # beats the ops as written, not their rewrite
+        return f"{line}; also priced: {listed}"
     if any(c["form"] == "unfused" and c["cost_us"] < written["cost_us"] for c in others):
         return f"{line} (this target fuses wherever it can; also priced: {listed})"
     return f"{line}; over {listed}"

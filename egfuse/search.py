@@ -27,7 +27,7 @@ from egfuse.node_builder import replace_output
 from egfuse.prepare import infer_shapes
 from egfuse.raise_ import Emitter
 from egfuse.regions import find_regions
-from egfuse.report import RegionReport, Report
+from egfuse.report import WRITTEN_NOTE, RegionReport, Report
 from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
@@ -142,6 +142,17 @@ def fuse_once(
         main = class_of.get(region.main_output)
         fused_ops = fused_nodes(main, choice) if main is not None else []
         entry.candidates = candidates.priced_forms(main, classes, choice, cost_model) if main is not None else []
+        base_choice = choice
+        if not fused_ops and main is not None and any(c["form"] in FUSED and c["cost_us"] for c in entry.candidates):
+            # The extraction preferred a rewrite of the region's own ops, but an unfused region is kept as written.
+            written = candidates.written_cost(region, facts, default_opset(prepared), target, cost_model.value_types)
+            forced = candidates.fused_choice(main, classes, cost_model)
+            if written is not None and main in forced and forced[main].total < written:
+                base_choice, fused_ops = forced, fused_nodes(main, forced)
+                entry.notes.append(
+                    f"{WRITTEN_NOTE}: {forced[main].total:.1f} µs predicted against their {written:.1f} µs (a "
+                    "rewrite of them is priced lower, but a region not fused is kept as written)"
+                )
         if not fused_ops:
             entry.reason = candidates.cheaper_unfused(entry.candidates, target_name) or diagnose.why_not(
                 region, class_of, classes, runnable, target_name
@@ -151,7 +162,7 @@ def fuse_once(
             reason, diff = excluded[region.index]
             entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
             continue
-        region_choice = choice
+        region_choice = base_choice
         if banned.get(region.index):  # forms that did not validate here: the next cheapest one instead
             region_choice = extract(classes, WithoutForms(cost_model, set(banned[region.index])))
             fused_ops = fused_nodes(main, region_choice)
