@@ -90,13 +90,7 @@ class _Unfused:
 
 def _unfused_cost(main: EClass, classes: dict[EClass, list[ENode]], model: CostModel) -> float | None:
     """The predicted cost of the region without a fused op, over the e-classes it reaches."""
-    reach, stack = set(), [main]
-    while stack:
-        cid = stack.pop()
-        if cid in reach or cid not in classes:
-            continue
-        reach.add(cid)
-        stack.extend(c for node in classes[cid] for c in node.children)
+    reach = _reached(main, classes, lambda node: node.children)
     best = extract({cid: classes[cid] for cid in reach}, _Unfused(model))
     return best[main].total if main in best else None
 
@@ -112,14 +106,9 @@ def written_cost(
     lowerer.lower(region)
     session.add(lowerer.table.commands)
     classes, _ = session.freeze()
+    output = lowerer.table.id_of(region.main_output)
     main = next(
-        (
-            cid
-            for cid, nodes in classes.items()
-            for node in nodes
-            if node.op == "ref" and lowerer.table.values[value_index(node)] is region.main_output
-        ),
-        None,
+        (c for c, nodes in classes.items() if any(n.op == "ref" and value_index(n) == output for n in nodes)), None
     )
     if main is None:
         return None
@@ -130,15 +119,21 @@ def written_cost(
 def fused_choice(main: EClass, classes: dict[EClass, list[ENode]], model: CostModel) -> dict[EClass, Choice]:
     """The cheapest program for ``main`` that goes through a fused op: its class, and the layout and guard
     wrappers below it, keep only fused forms and wrappers."""
-    spine, stack = set(), [main]
-    while stack:
-        cid = stack.pop()
-        if cid in spine or cid not in classes:
-            continue
-        spine.add(cid)
-        stack.extend(view(n).a for n in classes[cid] if n.op in _WRAPPERS and n.children)
+    spine = _reached(main, classes, lambda node: [view(node).a] if node.op in _WRAPPERS and node.children else [])
     restricted = {
         cid: [n for n in nodes if n.op in FUSED or n.op in _WRAPPERS] if cid in spine else nodes
         for cid, nodes in classes.items()
     }
     return extract(restricted, model)
+
+
+def _reached(main: EClass, classes: dict[EClass, list[ENode]], follow) -> set[EClass]:
+    """``main`` and the classes reached from it through ``follow(node)`` (the child classes an e-node leads to)."""
+    reach, stack = set(), [main]
+    while stack:
+        cid = stack.pop()
+        if cid in reach or cid not in classes:
+            continue
+        reach.add(cid)
+        stack.extend(c for node in classes[cid] for c in follow(node))
+    return reach

@@ -145,12 +145,12 @@ def fuse_once(
         base_choice = choice
         if not fused_ops and main is not None and any(c["form"] in FUSED and c["cost_us"] for c in entry.candidates):
             # The extraction preferred a rewrite of the region's own ops, but an unfused region is kept as written.
-            written = candidates.written_cost(region, facts, default_opset(prepared), target, cost_model.value_types)
-            forced = candidates.fused_choice(main, classes, cost_model)
-            if written is not None and main in forced and forced[main].total < written:
+            as_written = candidates.written_cost(region, facts, default_opset(prepared), target, cost_model.value_types)
+            forced = candidates.fused_choice(main, classes, cost_model) if as_written is not None else {}
+            if main in forced and forced[main].total < as_written:
                 base_choice, fused_ops = forced, fused_nodes(main, forced)
                 entry.notes.append(
-                    f"{WRITTEN_NOTE}: {forced[main].total:.1f} µs predicted against their {written:.1f} µs (a "
+                    f"{WRITTEN_NOTE}: {forced[main].total:.1f} µs predicted against their {as_written:.1f} µs (a "
                     "rewrite of them is priced lower, but a region not fused is kept as written)"
                 )
         if not fused_ops:
