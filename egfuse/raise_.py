@@ -83,7 +83,11 @@ class Emitter(MaskWriter):
             cache = find_cache(key, value, self.facts)
         if cache is not None:
             # Checked before the mask's broadcast is emitted: it reads only the mask, Q and the cache's inputs.
-            mask_source = None if self.choice[bias].node.op == "no_bias" else self.value(bias)
+            # Its fills are marked first: a fill is written once, with the factor that makes it absorb scores.
+            mask_source = None
+            if self.choice[bias].node.op != "no_bias":
+                self.mark_exact_fills(bias)
+                mask_source = self.value(bias)
             reads = [query, mask_source, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
             if not depends_on(reads, {cache.present_key, cache.present_value}):
                 self.cache_note = "Concat(past, new) absorbed: past_key/past_value in, present outputs from the op"
