@@ -107,14 +107,23 @@ finite fill instead is uniform only while the fill absorbs them — standard-nor
 that large, so without this set such a rewrite could validate and still change what the row computes."""
 
 
+HALF_LARGE_DRAWS = 4
+"""How many :data:`LARGE_SCORES` sets a half-precision model is run on: the first, then the same inputs times
+:data:`HALF_DRAW_FACTORS` drawn per element (signs afresh, so the scores are drawn afresh, 16× larger again).
+In half precision a score overflows against a finite fill (``S + finfo.min`` is −inf once S < −16), so what a
+fully masked row computes turns on the sign of the scores it hides: a fused op that makes such a row
+non-finite showed on one seed in three or four with the first set alone (three blocks, 30 seeds each)."""
+HALF_DRAW_FACTORS = np.array([-4.0, 4.0])
+
+
 def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     """Further feeds, the base ``feeds`` with only their masks changed, so what a fused region does with a mask
     is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the
     last row on the right), random masks (each row keeping at least one key), a batch row whose every key is
     padding, and — for a float mask, whose convention a name does not tell — the same padding written
     additively (0 and finfo.min), which also masks every key of some query rows under a causal mask; and
-    the most masked of those with the float inputs :data:`LARGE_SCALE` times larger (:data:`LARGE_SCORES`).
-    Empty when the model takes no mask.
+    the most masked of those with the float inputs :data:`LARGE_SCALE` times larger (:data:`LARGE_SCORES`;
+    :data:`HALF_LARGE_DRAWS` such sets for a half-precision model). Empty when the model takes no mask.
 
     A query row whose every key is masked means what the graph computes for it: in float32 the fill absorbs
     the scores (``S + finfo.min`` rounds to the fill, and so does ``S − 1e30``), so the row is uniform and its
@@ -152,7 +161,16 @@ def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
         if name not in masks and np.issubdtype(np.asarray(value).dtype, np.floating)
     }
     if scaled:  # the most masked keys there are, with the scores LARGE_SCALE² as large (Q and K scale alike)
-        sets[LARGE_SCORES] = {**sets.get(WHOLE_ROW, sets["heavy padding"]), **scaled}
+        most_masked = sets.get(WHOLE_ROW, sets["heavy padding"])
+        sets[LARGE_SCORES] = {**most_masked, **scaled}
+        if any(np.finfo(np.asarray(value).dtype).bits <= 16 for value in scaled.values()):
+            signs = np.random.default_rng(11)
+            for draw in range(2, HALF_LARGE_DRAWS + 1):
+                flipped = {
+                    name: (value * signs.choice(HALF_DRAW_FACTORS, size=value.shape)).astype(value.dtype)
+                    for name, value in scaled.items()
+                }
+                sets[f"{LARGE_SCORES} (draw {draw})"] = {**most_masked, **flipped}
     return {label: {**feeds, **changed} for label, changed in sets.items()}
 
 

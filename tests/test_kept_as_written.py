@@ -25,4 +25,3 @@ def test_a_block_cheaper_than_its_ops_as_written_is_fused(stack):
     assert any(note.startswith(WRITTEN_NOTE) for note in result.report.regions[0].notes)
     assert result.report.fused == 2 and all(r.fused_into == "SingleHeadAttention" for r in result.report.regions)
     assert_same_outputs(onnx.load(path), result.model, feeds)
-
