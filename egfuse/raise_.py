@@ -68,6 +68,8 @@ class Emitter(MaskWriter):
         self.fill_scales: dict[EClass, float] = {}
         """Power-of-two factors for finite select fills, so they absorb the scores (see
         :meth:`~egfuse.raise_masks.MaskWriter.mark_exact_fills`)."""
+        self.wide_memo: dict[EClass, ir.Value] = {}
+        """Masks written in float32 for a half-precision softmax (:meth:`~egfuse.raise_masks.MaskWriter.wide_value`)."""
         self.exact_fills: set[EClass] = set()
         """Select-mask fills (``full_like``) written as the graph's own number, not respelled by
         :func:`~egfuse.raise_masks.mask_fill`: the mask holds other terms (see :meth:`mark_exact_fills`)."""

@@ -15,6 +15,11 @@ from egfuse.node_builder import NodeBuilder
 from egfuse.rules.masks import ABSORBING_FILL, MASK_FILL_MAX
 from egfuse.session import EClass
 
+_WIDE_ARITHMETIC = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "neg": "Neg"}
+"""Mask arithmetic :meth:`MaskWriter.wide_value` redoes in float32 (over fills it writes in float32)."""
+
+_HALF_LOWEST = frozenset({float(np.finfo(np.float16).min)})
+"""float16's finfo.min: in float32 a fill that absorbs any score only at float32's own finfo.min."""
 _LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
 """finfo.min of each float type, as the f64 a fill is kept as in the e-graph."""
 
@@ -26,6 +31,7 @@ class MaskWriter(NodeBuilder):
     facts: GraphFacts
     exact_fills: set[EClass]
     fill_scales: dict[EClass, float]
+    wide_memo: dict[EClass, ir.Value]
 
     def value(self, cid: EClass) -> ir.Value:
         raise NotImplementedError
@@ -61,6 +67,36 @@ class MaskWriter(NodeBuilder):
         t = key_length[0] if key_length is not None else self.shape(key, k_axis, k_axis + 1)
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
+
+    def wide_value(self, cid: EClass) -> ir.Value:
+        """The mask ``cid`` computed in float32: its select fills written as float32 numbers (times the factor
+        :meth:`mark_exact_fills` gave them, so they absorb float32 scores), the selects and sums over them
+        redone in float32, and any other term (a graph value, a cast) read as it is and widened. For a
+        half-precision model whose softmax a writer computes in float32: a float16 fill cannot absorb a float32
+        score, and a float16 sum of a score and ``finfo.min`` overflows; the graph selects the fill itself."""
+        if cid in self.wide_memo:
+            return self.wide_memo[cid]
+        node = self.choice[cid].node
+        if node.op == "full_like":
+            scale = self.fill_scales.get(cid, 1.0)
+            exact = scale == 1.0 and cid in self.exact_fills
+            fill = float(view(node).fill)
+            if fill in _HALF_LOWEST:  # the end of the half type's range stays at the end of float32's
+                fill = float(np.finfo(np.float32).min)
+            elif not exact:
+                fill = mask_fill(fill, np.dtype(np.float32), scale)
+            wide = self.const(np.array(fill, np.float32), "fill")
+        elif node.op == "where":
+            a = view(node)
+            wide = self.node("Where", [self.value(a.cond), self.wide_value(a.a), self.wide_value(a.b)])
+        elif node.op in _WIDE_ARITHMETIC:
+            wide = self.node(_WIDE_ARITHMETIC[node.op], [self.wide_value(c) for c in node.children])
+        else:
+            value = self.value(cid)
+            wide = value if value.dtype == ir.DataType.FLOAT else self.node("Cast", [value], {"to": ir.DataType.FLOAT})
+        wide.dtype = ir.DataType.FLOAT
+        self.wide_memo[cid] = wide
+        return wide
 
     def mark_exact_fills(self, cid: EClass) -> None:
         """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of

@@ -92,7 +92,10 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
       that differs per head (a position bias) is split like Q.
     * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
       the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
-      new values, added. The Concat stays only for the present outputs it returns."""
+      new values, added. The Concat stays only for the present outputs it returns.
+    * Half precision: the scores are cast to float32 for the scale, the mask and the softmax (the graph's own
+      ``Cast → Softmax → Cast``), the mask written in float32 (its fills absorb float32 scores: a float16
+      fill added to a score can overflow, and a fully masked row the graph makes uniform would not be)."""
     a = view(node)
     q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     guard = node.op == "attend_z"
@@ -122,10 +125,12 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     ]  # fmt: skip
     if cache is not None:
         e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
-    masks = _per_head_mask(e, bias, heads)
-    k_group, v_group = heads // k_heads, heads // v_heads
     dtype = e.float_dtype(query)
-    scale_value = e.const(np.array(float(scale), dtype), "scale")
+    half = np.finfo(dtype).bits <= 16  # the softmax in float32, as the graph's Cast → Softmax → Cast and the ops
+    masks = _per_head_mask(e, bias, heads, wide=half)
+    k_group, v_group = heads // k_heads, heads // v_heads
+    softmax_dtype = np.dtype(np.float32) if half else dtype
+    scale_value = e.const(np.array(float(scale), softmax_dtype), "scale")
     if len(kv) == 2:  # the cache's length, where the probabilities split
         past_end = e.shape(kv[0][0][0], 1, 2)
         to_end, last = e.const(np.array([2**63 - 1], np.int64), "to_end"), e.const(np.array([-1], np.int64), "axis")
@@ -134,16 +139,20 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
         j, jv = i // k_group, i // v_group
         scores = [e.node("MatMul", [q_heads[i], e.node("Transpose", [ks[j]], {"perm": [0, 2, 1]})]) for ks, _ in kv]
         logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
+        if half:
+            logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
         logits = e.node("Mul", [logits, scale_value])
         if float(cap) != 0.0:
-            c = e.const(np.array(float(cap), dtype), "cap")
+            c = e.const(np.array(float(cap), softmax_dtype), "cap")
             logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
         if masks is not None:
             logits = e.node("Add", [logits, masks[i]])
         probs = e.node("Softmax", [logits], {"axis": -1})
         if guard:
-            zero = e.const(np.array(0.0, dtype), "zero")
+            zero = e.const(np.array(0.0, softmax_dtype), "zero")
             probs = e.node("Where", [e.node("IsNaN", [probs]), zero, probs])
+        if half:
+            probs = e.node("Cast", [probs], {"to": ir.DataType.from_numpy(dtype)}, like=query)
         if len(kv) == 1:
             outputs.append(e.node("MatMul", [probs, kv[0][1][jv]]))
             continue
@@ -176,12 +185,13 @@ def _per_head(
     return e.split(x, [width // heads] * heads, axis=-1)
 
 
-def _per_head_mask(e: Emitter, bias: object, heads: int) -> list[ir.Value] | None:
-    """The additive mask as one rank-3 (or lower) tensor per head: shared when it does not vary by head."""
+def _per_head_mask(e: Emitter, bias: object, heads: int, wide: bool = False) -> list[ir.Value] | None:
+    """The additive mask as one rank-3 (or lower) tensor per head: shared when it does not vary by head
+    (``wide``: computed in float32, see :meth:`~egfuse.raise_masks.MaskWriter.wide_value`)."""
     if e.choice[bias].node.op == "no_bias":
         return None
     e.mark_exact_fills(bias)
-    mask = e.value(bias)
+    mask = e.wide_value(bias) if wide else e.value(bias)
     rank = e.rank(bias, mask)
     if rank < 3:
         return [mask] * heads
