@@ -126,7 +126,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     if cache is not None:
         e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
     dtype = e.float_dtype(query)
-    half = np.finfo(dtype).bits <= 16  # the softmax in float32, as the graph's Cast → Softmax → Cast and the ops
+    half = np.finfo(dtype).bits <= 16  # scale, mask and softmax in float32 (see the docstring)
     masks = _per_head_mask(e, bias, heads, wide=half)
     k_group, v_group = heads // k_heads, heads // v_heads
     softmax_dtype = np.dtype(np.float32) if half else dtype
