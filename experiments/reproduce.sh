@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every figure in experiments/results/ and the tables of README.md and paper/ (about 2.5 h on
+# Regenerate every figure in experiments/results/ and the tables of README.md and paper/ (about 3 h on
 # 2 cores, most of it the variant space: see experiments/README.md). Each step's time is printed as it ends.
 # Needs the corpus extra: pip install -e '.[corpus]'
 set -euo pipefail
