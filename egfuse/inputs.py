@@ -116,6 +116,12 @@ non-finite showed on one seed in three or four with the first set alone (three b
 HALF_DRAW_FACTORS = np.array([-4.0, 4.0])
 
 
+def is_redraw(label: str) -> bool:
+    """A half-precision model's further :data:`LARGE_SCORES` draws: judged for finiteness alone (the first set
+    also judges the masks' meaning on float32 copies)."""
+    return label.startswith(f"{LARGE_SCORES} (draw ")
+
+
 def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     """Further feeds, the base ``feeds`` with only their masks changed, so what a fused region does with a mask
     is exercised and not just present: many padded positions (row 0 padded on the left over half its keys, the

@@ -75,7 +75,9 @@ def judge(
         for label, masked in inputs.mask_feed_sets(data).items():
             progress.stage(f"validating {len(entries)} fused regions on onnxruntime: {label} feeds")
             # half precision: finite values asked on these feeds, the masks judged on float32 copies of both
-            more = _compare_on(original, fused, masked, names, outputs, entries, weights, True, budget)
+            # a redraw asks finiteness only: the first large-scores set judges the meaning on float32 copies
+            wide = not inputs.is_redraw(label)
+            more = _compare_on(original, fused, masked, names, outputs, entries, weights, True, budget, widened=wide)
             if more is None:
                 continue  # the original does not run on these: they say nothing
             for key, diff in more["regions"].items():
@@ -100,6 +102,7 @@ def _compare_on(
     finite_only: bool = False,
     budget: int | None = None,
     copies: bool = False,
+    widened: bool = True,
 ) -> dict | None:
     """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
     where the original does not run on them."""
@@ -115,12 +118,17 @@ def _compare_on(
         original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only, copies
     )
     failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
-    if finite_only and _half(expected):
+    if finite_only and widened and _half(expected):
         widened = _compare_widened(original, fused, data, names, outputs, entries, weights, budget)
         for key, diff in widened["regions"].items():
             failing.setdefault(key, diff)
         compared.extend(widened["outputs"])
     return {"regions": failing, "outputs": compared}
+
+
+def _all_half(outputs: dict) -> bool:
+    floats = [v for v in outputs.values() if np.issubdtype(v.dtype, np.floating)]
+    return bool(floats) and all(np.finfo(v.dtype).bits <= 16 for v in floats)
 
 
 def _half(outputs: dict) -> bool:
@@ -180,8 +188,10 @@ def _judged(
     :func:`egfuse.validate.compare`'s ``copy_of_half``); where one fails, judged again against a float64 run
     of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
     decided by rounding."""
-    reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
     how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
+    if finite_only and _all_half(expected):  # only finiteness is judged: no reference is read
+        return _comparisons(expected, actual, {}, entries, outputs, **how)
+    reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
     regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how)
     if not all(c.ok for c in [*regions.values(), *compared]):
         wide = validate.references(original, data, expected, names, weights=weights, budget=budget, float32_too=True)

@@ -93,7 +93,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
       the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
       new values, added. The Concat stays only for the present outputs it returns.
-    * Half precision: the scores are cast to float32 for the scale, the mask and the softmax (the graph's own
+    * Half precision: the scaled scores are cast to float32 for the mask and the softmax (the graph's own
       ``Cast → Softmax → Cast``), the mask written in float32 (its fills absorb float32 scores: a float16
       fill added to a score can overflow, and a fully masked row the graph makes uniform would not be)."""
     a = view(node)
@@ -126,11 +126,11 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     if cache is not None:
         e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
     dtype = e.float_dtype(query)
-    half = np.finfo(dtype).bits <= 16  # scale, mask and softmax in float32 (see the docstring)
+    half = np.finfo(dtype).bits <= 16  # mask and softmax in float32 (see the docstring)
     masks = _per_head_mask(e, bias, heads, wide=half)
     k_group, v_group = heads // k_heads, heads // v_heads
     softmax_dtype = np.dtype(np.float32) if half else dtype
-    scale_value = e.const(np.array(float(scale), softmax_dtype), "scale")
+    scale_value = e.const(np.array(float(scale), dtype), "scale")
     if len(kv) == 2:  # the cache's length, where the probabilities split
         past_end = e.shape(kv[0][0][0], 1, 2)
         to_end, last = e.const(np.array([2**63 - 1], np.int64), "to_end"), e.const(np.array([-1], np.int64), "axis")
@@ -139,12 +139,12 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
         j, jv = i // k_group, i // v_group
         scores = [e.node("MatMul", [q_heads[i], e.node("Transpose", [ks[j]], {"perm": [0, 2, 1]})]) for ks, _ in kv]
         logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
-        if half:
-            logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
         logits = e.node("Mul", [logits, scale_value])
         if float(cap) != 0.0:
-            c = e.const(np.array(float(cap), softmax_dtype), "cap")
+            c = e.const(np.array(float(cap), dtype), "cap")
             logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
+        if half:
+            logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
         if masks is not None:
             logits = e.node("Add", [logits, masks[i]])
         probs = e.node("Softmax", [logits], {"axis": -1})

@@ -206,18 +206,37 @@ def test_every_spelling_fuses_for_npu(variant):
 @given(variants(), st.sampled_from(["ort", "onnx"]))
 def test_single_head_attention_fuses_back(variant, target):
     """The npu target's single-head output of any drawn spelling, taken as the input: its heads (and a
-    per-head split-score cache) join back into exactly one fused op that computes what the original did."""
+    per-head split-score cache) join back into exactly one fused op that computes what the original did.
+    Not a float16 block with a mask: its single heads add the mask in float32 (``writers.single_head``, so a
+    fully masked row stays what the graph makes it), a spelling no rule reads back into a float16 fused op;
+    there the single-head output itself is checked."""
     variant = variant.replaced(heads_layout="split", heads=max(variant.heads, 2), kv_heads=variant.kv_heads)
     model = attention_model(variant)
     feeds = feeds_for(model, seed=variant.seed)
     single_head = egfuse.fuse(model, target="npu", feeds=feeds)
     assert single_head.report.fused == 1, f"{variant}\n{single_head.report}"
+    if _mask_added_in_float32(single_head.model):
+        _assert_matches(model, single_head.model, feeds)
+        return
     result = egfuse.fuse(single_head.model, target=target, feeds=feeds)
     assert result.report.fused == 1, f"{variant}\n{result.report}"
     assert fused_op_count(result.model, target) == 1, f"{variant}\n{result.report}"
     assert "Softmax" not in [n.op_type for n in result.model.graph.node]
     _assert_matches(model, result.model, feeds)
     _assert_matches(model, result.model, feeds_for(model, seed=variant.seed + 1, batch=3, seq=4))
+
+
+def _mask_added_in_float32(model: onnx.ModelProto) -> bool:
+    """A float16 block's single heads: scores cast to float32, then a mask added."""
+    made_by = {out: node for node in model.graph.node for out in node.output}
+    return any(
+        node.op_type == "Add"
+        and any(
+            (c := made_by.get(i)) is not None and c.op_type == "Cast" and c.attribute[0].i == onnx.TensorProto.FLOAT
+            for i in node.input
+        )
+        for node in model.graph.node
+    )
 
 
 def _softmaxes_read_for_values(model: onnx.ModelProto) -> int:
