@@ -126,11 +126,6 @@ def _compare_on(
     return {"regions": failing, "outputs": compared}
 
 
-def _all_half(outputs: dict) -> bool:
-    floats = [v for v in outputs.values() if np.issubdtype(v.dtype, np.floating)]
-    return bool(floats) and all(np.finfo(v.dtype).bits <= 16 for v in floats)
-
-
 def _half(outputs: dict) -> bool:
     return any(np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= 16 for v in outputs.values())
 
@@ -189,7 +184,7 @@ def _judged(
     of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
     decided by rounding."""
     how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
-    if finite_only and _all_half(expected):  # only finiteness is judged: no reference is read
+    if validate.reference_unread(expected, finite_only):
         return _comparisons(expected, actual, {}, entries, outputs, **how)
     reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
     regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how)

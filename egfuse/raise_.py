@@ -15,7 +15,7 @@ from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
 from egfuse.kv_cache import SEQUENCE_AXIS, CacheConcat, depends_on, find_cache
 from egfuse.lower import Lowered
-from egfuse.raise_masks import MaskWriter, mask_fill
+from egfuse.raise_masks import MaskWriter
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, static
 from egfuse.targets.spec import FUSED, TargetSpec
@@ -232,10 +232,7 @@ class Emitter(MaskWriter):
         if op == "full_like":
             like = self.value(a.like)
             dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            scale = self.fill_scales.get(cid, 1.0)  # a finite select fill made to absorb the scores
-            exact = scale == 1.0 and cid in self.exact_fills
-            fill = float(a.fill) if exact else mask_fill(float(a.fill), dtype, scale)
-            return self.const(np.array(fill, dtype=dtype), "fill")
+            return self.const(np.array(self.fill_number(cid, float(a.fill), dtype), dtype=dtype), "fill")
         if op == "zero_bias":
             weight = self.constant_array(a.weight)
             return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")

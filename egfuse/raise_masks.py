@@ -68,6 +68,12 @@ class MaskWriter(NodeBuilder):
         target = self.node("Concat", [ones, s, t], {"axis": 0})
         return self.node("Expand", [mask, target], like=mask)
 
+    def fill_number(self, cid: EClass, fill: float, dtype: np.dtype) -> float:
+        """The number a select fill ``cid`` is written as in ``dtype``: the graph's own where the mask holds
+        other terms (:meth:`mark_exact_fills`), else :func:`mask_fill`'s, times its absorbing factor."""
+        scale = self.fill_scales.get(cid, 1.0)
+        return fill if scale == 1.0 and cid in self.exact_fills else mask_fill(fill, dtype, scale)
+
     def wide_value(self, cid: EClass) -> ir.Value:
         """The mask ``cid`` computed in float32: its select fills written as float32 numbers (times the factor
         :meth:`mark_exact_fills` gave them, so they absorb float32 scores), the selects and sums over them
@@ -78,13 +84,11 @@ class MaskWriter(NodeBuilder):
             return self.wide_memo[cid]
         node = self.choice[cid].node
         if node.op == "full_like":
-            scale = self.fill_scales.get(cid, 1.0)
-            exact = scale == 1.0 and cid in self.exact_fills
             fill = float(view(node).fill)
             if fill in _HALF_LOWEST:  # the end of the half type's range stays at the end of float32's
                 fill = float(np.finfo(np.float32).min)
-            elif not exact:
-                fill = mask_fill(fill, np.dtype(np.float32), scale)
+            else:
+                fill = self.fill_number(cid, fill, np.dtype(np.float32))
             wide = self.const(np.array(fill, np.float32), "fill")
         elif node.op == "where":
             a = view(node)

@@ -54,9 +54,8 @@ def _differences(
     except Exception as error:
         return [f"{label}: the optimized model does not run: {str(error).strip().splitlines()[-1][:160]}"]
     names = list(expected)
-    floats = [v for v in expected.values() if np.issubdtype(v.dtype, np.floating)]
     reference = {}
-    if not (finite_only and floats and all(np.finfo(v.dtype).bits <= 16 for v in floats)):  # else unread
+    if not validate.reference_unread(expected, finite_only):
         reference = {
             **validate.references(original, feeds, expected, names, float32_too=True),
             **validate.references(original, feeds, expected, names),
