@@ -4,8 +4,9 @@
 
 The text between each pair of markers (``<!-- results:start -->``/``<!-- results:end -->``: coverage, speed
 and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases; ``variants``: the
-spelling space) is replaced; nothing else is touched. The plots the paper shows are copied into
-paper/figures/. tests/test_paper.py fails when the committed text differs from what this would write.
+spelling space; ``reproduce``: how long reproduce.sh took) is replaced; nothing else is touched. The plots the
+paper shows are copied into paper/figures/. tests/test_paper.py fails when the committed text differs from what
+this would write.
 """
 
 from __future__ import annotations
@@ -160,6 +161,52 @@ def variant_space() -> str:
     )
 
 
+REPRODUCE = ROOT / "experiments" / "reproduce.sh"
+
+
+def _minutes(seconds: int) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def reproduce_times() -> str:
+    """How long one run of ``reproduce.sh`` took, step by step, from the ``reproduce_times.tsv`` it writes.
+
+    The steps expected are read from the script itself, so a run that stopped part way is rendered as partial
+    rather than as a short total. The render step is timed after this text is written: it is left out."""
+    path = RESULTS / "reproduce_times.tsv"
+    if not path.exists():
+        return "(run `bash experiments/reproduce.sh` to time every step)\n"
+    lines = path.read_text().splitlines()
+    run = dict(field.split("=", 1) for field in lines[0].lstrip("# ").split())
+    measured = dict(line.split("\t") for line in lines[1:] if line.strip())
+    expected = [
+        line.split()[1]
+        for line in REPRODUCE.read_text().splitlines()
+        if line.startswith("step ") and "render_results" not in line
+    ]
+    rows = ["| step | time |", "|---|---|"]
+    rows += [f"| `{step}` | {_minutes(int(measured[step]))} |" for step in expected if step in measured]
+    total = sum(int(measured[step]) for step in expected if step in measured)
+    missing = [step for step in expected if step not in measured]
+    start = (
+        "from a fresh clone's state: no corpus built, no variant-space cache"
+        if run["corpus"] == run["cache"] == "absent"
+        else f"corpora {run['corpus']}, variant-space cache {run['cache']}"
+    )
+    head = f"One run of `bash experiments/reproduce.sh` at {run['commit']} ({run['day']}, {run['cores']} cores, "
+    head += f"{start})"
+    if missing:
+        not_run = ", ".join(f"`{step}`" for step in missing)
+        head += f" stopped part way; the steps it finished took {_minutes(total)} ({not_run} not run):"
+    else:
+        head += f" took **{_minutes(total)}**:"
+    rows.append(f"| **all** | **{_minutes(total)}** |")
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
 def render(path: Path, body: str, start: str = START, end: str = END) -> bool:
     text = path.read_text()
     if start not in text or end not in text:
@@ -188,6 +235,7 @@ def latency_into_speed_md() -> None:
 
 DRIFT_START, DRIFT_END = "<!-- drift:start -->", "<!-- drift:end -->"
 VARIANTS_START, VARIANTS_END = "<!-- variants:start -->", "<!-- variants:end -->"
+REPRODUCE_START, REPRODUCE_END = "<!-- reproduce:start -->", "<!-- reproduce:end -->"
 FIGURES = ("exporter_drift.png", "variant_space.png", "rules_vs_patterns.png", "cost_model.png", "optimize_seconds.png")
 """Plots the paper shows, copied from experiments/results/ into paper/figures/."""
 
@@ -199,12 +247,13 @@ def sections() -> list[tuple[str, str, str]]:
         (COUNTS_START, COUNTS_END, counts()),
         (DRIFT_START, DRIFT_END, drift()),
         (VARIANTS_START, VARIANTS_END, variant_space()),
+        (REPRODUCE_START, REPRODUCE_END, reproduce_times()),
     ]
 
 
 def main() -> int:
     latency_into_speed_md()
-    for path in (ROOT / "README.md", ROOT / "paper" / "egfuse.md"):
+    for path in (ROOT / "README.md", ROOT / "paper" / "egfuse.md", ROOT / "experiments" / "README.md"):
         for start, end, body in sections():
             if path.exists() and render(path, body, start, end):
                 print(f"updated {start.split()[1].split(':')[0]} in {path.relative_to(ROOT)}")

@@ -13,7 +13,7 @@ _spec = importlib.util.spec_from_file_location("render_results", ROOT / "experim
 render_results = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_results)
 
-DOCUMENTS = ("README.md", "paper/egfuse.md")
+DOCUMENTS = ("README.md", "paper/egfuse.md", "experiments/README.md")
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
