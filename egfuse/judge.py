@@ -75,9 +75,11 @@ def judge(
         for label, masked in inputs.mask_feed_sets(data).items():
             progress.stage(f"validating {len(entries)} fused regions on onnxruntime: {label} feeds")
             # half precision: finite values asked on these feeds, the masks judged on float32 copies of both
-            # a redraw asks finiteness only: the first large-scores set judges the meaning on float32 copies
-            wide = not inputs.is_redraw(label)
-            more = _compare_on(original, fused, masked, names, outputs, entries, weights, True, budget, widened=wide)
+            # (not on a redraw: it asks finiteness only, the first large-scores set judges the meaning)
+            float32_copies = not inputs.is_redraw(label)
+            more = _compare_on(
+                original, fused, masked, names, outputs, entries, weights, True, budget, float32_copies=float32_copies
+            )
             if more is None:
                 continue  # the original does not run on these: they say nothing
             for key, diff in more["regions"].items():
@@ -102,10 +104,11 @@ def _compare_on(
     finite_only: bool = False,
     budget: int | None = None,
     copies: bool = False,
-    widened: bool = True,
+    float32_copies: bool = True,
 ) -> dict | None:
     """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
-    where the original does not run on them."""
+    where the original does not run on them. ``float32_copies``: a half-precision model judged for finiteness
+    is also judged on float32 copies of both (:func:`_compare_widened`)."""
     try:
         expected = validate.run(original, data, names, weights=weights)
     except Exception:
@@ -118,11 +121,11 @@ def _compare_on(
         original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only, copies
     )
     failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
-    if finite_only and widened and _half(expected):
-        widened = _compare_widened(original, fused, data, names, outputs, entries, weights, budget)
-        for key, diff in widened["regions"].items():
+    if finite_only and float32_copies and _half(expected):
+        wide = _compare_widened(original, fused, data, names, outputs, entries, weights, budget)
+        for key, diff in wide["regions"].items():
             failing.setdefault(key, diff)
-        compared.extend(widened["outputs"])
+        compared.extend(wide["outputs"])
     return {"regions": failing, "outputs": compared}
 
 
