@@ -1,4 +1,4 @@
-"""Regenerate the results tables of README.md and paper/egfuse.md from experiments/results/*.json.
+"""Regenerate the results tables of :data:`DOCUMENTS` from experiments/results/.
 
     python experiments/render_results.py
 
@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+DOCUMENTS = ("README.md", "paper/egfuse.md", "experiments/README.md")
+"""The files whose marked blocks this writes (and tests/test_paper.py checks)."""
 LAYER_FAMILIES = ("norms", "gelu", "rotary")
 """Rule families for norms, activations and rotary embeddings: counted, but not attention's."""
 
@@ -253,7 +255,7 @@ def sections() -> list[tuple[str, str, str]]:
 
 def main() -> int:
     latency_into_speed_md()
-    for path in (ROOT / "README.md", ROOT / "paper" / "egfuse.md", ROOT / "experiments" / "README.md"):
+    for path in (ROOT / document for document in DOCUMENTS):
         for start, end, body in sections():
             if path.exists() and render(path, body, start, end):
                 print(f"updated {start.split()[1].split(':')[0]} in {path.relative_to(ROOT)}")
