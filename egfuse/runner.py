@@ -58,6 +58,13 @@ def using(settings: Settings | None) -> Iterator[None]:
         _SETTINGS.reset(token)
 
 
+def available(providers: tuple[str, ...]) -> list[str]:
+    """The named execution providers this onnxruntime has, in order — the CPU's where it has none of them:
+    validation runs on the user's provider when it is there and never requires it."""
+    have = set(ort.get_available_providers())
+    return [p for p in providers if p in have] or ["CPUExecutionProvider"]
+
+
 def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = None) -> ort.InferenceSession:
     """A plain CPU session. A model made from a large model's skeleton (``weights``) is loaded from a file
     beside its weights, which onnxruntime maps rather than copies; a large model given whole is written to
@@ -66,7 +73,7 @@ def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = Non
     options.log_severity_level = 4  # errors come back as exceptions, into the report: none printed
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if weights is None and not protos.is_large(model):
-        return ort.InferenceSession(model.SerializeToString(), options, providers=list(current().providers))
+        return ort.InferenceSession(model.SerializeToString(), options, providers=available(current().providers))
     # Weight-sized temporaries (an LLM's transposed lm_head: 2 GB) are freed as soon as they are read rather
     # than kept by the arena: measured on onnxscript's phi4 model, 3 GB less at the peak.
     options.enable_cpu_mem_arena = False
@@ -78,7 +85,7 @@ def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = Non
 
 def _session_from_file(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
     try:
-        return ort.InferenceSession(str(path), options, providers=list(current().providers))
+        return ort.InferenceSession(str(path), options, providers=available(current().providers))
     finally:
         path.unlink()  # the session has read the graph; its weights stay mapped from the data file
 

@@ -54,7 +54,8 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT, fills: b
     exact result than the original is".
 
     ``fills``: the fills at the ends of a half type's range stay at the ends of float32's
-    (:func:`_keep_fills`) — for comparing two models' meaning on float32 copies, not for a reference."""
+    (:func:`_keep_fills`) — for comparing two models' meaning on float32 copies, and for the second of a
+    half-precision model's two references (:func:`egfuse.validate.compare`'s ``absorbed``)."""
     narrow = HALF_TYPES | ({onnx.TensorProto.FLOAT} if to == onnx.TensorProto.DOUBLE else set())
     wide_type = onnx.helper.tensor_dtype_to_np_dtype(to)
     wide = onnx.ModelProto()
@@ -134,12 +135,14 @@ def references(
     weights: protos.DetachedWeights | None = None,
     budget: int | None = None,
     float32_too: bool = False,
+    fills: bool = False,
 ) -> dict[str, np.ndarray]:
     """Float32 references for the half-precision outputs among ``expected`` (``float32_too``: float64 ones for
-    the float32 outputs as well). Empty when there are none, when the widened model does not run or would go
-    over the memory ``budget``, or for a model past protobuf's limit, whose weights a widened copy would
-    double: then the fixed tolerances apply. A smaller model whose weights were kept apart (``weights``) is
-    widened from a copy with them inline."""
+    the float32 outputs as well; ``fills``: a half type's fills kept at the ends of float32's range, so that they
+    absorb every score they are added to, as they do in half precision — :func:`upcast`). Empty when there are
+    none, when the widened model does not run or would go over the memory ``budget``, or for a model past
+    protobuf's limit, whose weights a widened copy would double: then the fixed tolerances apply. A smaller
+    model whose weights were kept apart (``weights``) is widened from a copy with them inline."""
     if weights is not None and weights.large:
         return {}
     narrowest = 32 if float32_too else 16
@@ -151,7 +154,7 @@ def references(
         original = weights.restore(whole)
     to, feed_type = (onnx.TensorProto.DOUBLE, np.float64) if float32_too else (onnx.TensorProto.FLOAT, np.float32)
     try:
-        widened, data = upcast(original, to=to), upcast_feeds(feeds, feed_type)
+        widened, data = upcast(original, to=to, fills=fills), upcast_feeds(feeds, feed_type, fills=fills)
         for i, node in enumerate(widened.graph.node):  # onnxruntime names the node it has no kernel for
             node.name = node.name or f"_egfuse_node_{i}"
         memory.check(widened, data, budget, weights_mapped=False)

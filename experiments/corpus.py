@@ -7,6 +7,7 @@ reason, never silently dropped.
 
     python experiments/corpus.py --out experiments/corpus            # the full corpus
     python experiments/corpus.py --out tests/data --set tests         # the small models the tests use
+    python experiments/corpus.py --out tests/data/half --set half     # float16 exports (tests/test_half_exports.py)
 
 Needs the ``corpus`` extra (torch, transformers).
 """
@@ -342,10 +343,24 @@ def _bart_decoder_past(impl: str):
     return build
 
 
+def _half(build: Callable) -> Callable:
+    """The same model in float16, its weights and float inputs: what GPUs run (softmax and norms then computed
+    in float32 between casts, as transformers writes them)."""
+
+    def half():
+        model, feeds, outputs = build()
+        feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
+        return model.half(), feeds, outputs
+
+    return half
+
+
 ENCODED = 6
 """Encoder positions a decoder step attends to across."""
 DECODER_STEP = ["mha", "causal", "cross-attention", "kv cache"]
 GEMMA2 = ["gqa", "causal", "rope", "sliding window", "softcap"]
+HALF_LLAMA = ["gqa", "causal", "rope", "float16"]
+DYNAMO = ("dynamo",)
 
 
 SPECS: dict[str, Spec] = {
@@ -387,6 +402,18 @@ SPECS: dict[str, Spec] = {
         Spec("whisper_sdpa", _whisper("sdpa"), 3 * LAYERS, ["mha", "causal", "cross-attention"]),
         Spec("gemma2_eager", _gemma2("eager"), LAYERS, GEMMA2, kv_heads=HEADS // 2),
         Spec("t5_encoder_eager", _t5_encoder("eager"), LAYERS, ["mha", "attention bias"]),
+        # float16 through the dynamo exporter (TorchScript's float16 BERT does not load: a LayerNormalization
+        # with float16 input and float32 scale; its float16 Llama's repeat_kv Expand has no inferable shapes)
+        Spec("bert_sdpa_fp16", _half(_bert("sdpa")), LAYERS, ["mha", "padding mask", "float16"], exporters=DYNAMO),
+        Spec("llama_sdpa_fp16", _half(_llama("sdpa")), LAYERS, HALF_LLAMA, kv_heads=HEADS // 2, exporters=DYNAMO),
+        Spec(
+            "llama_past_sdpa_fp16",
+            _half(_llama_past("sdpa")),
+            LAYERS,
+            [*HALF_LLAMA, "kv cache"],
+            kv_heads=HEADS // 2,
+            exporters=DYNAMO,
+        ),
         Spec("deberta_v2_eager", _deberta("eager"), LAYERS, ["mha", "attention bias"]),
     ]
 }
@@ -413,7 +440,8 @@ SETS = {
         "deberta_v2_eager",
         "gemma2_eager:dynamo",
     ],
-    "all": list(SPECS),
+    "half": ["bert_sdpa_fp16", "llama_sdpa_fp16", "llama_past_sdpa_fp16"],
+    "all": [name for name in SPECS if not name.endswith("_fp16")],  # the float32 corpus the results measure
 }
 
 

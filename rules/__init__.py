@@ -6,7 +6,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``scale``     — every placement of the 1/√d scale folds into ``scores``' scale
 * ``softcap``   — Gemma 2's ``c · tanh(x / c)`` on the scores
 * ``masks``     — select masks become additive, bias and scale distribute, the NaN guard is recognised
-* ``precision`` — a half-precision model's float32 softmax (Cast → Softmax → Cast) is its softmax
+* ``precision`` — a half-precision model's float32 softmax and norms (Cast → f → Cast) are f itself
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))

@@ -1,0 +1,119 @@
+"""Half precision as the algebra and the judge see it: a norm computed in float32 between casts is the norm, a
+√2 stored in float16 is √2 to float16's rounding (and no further), and a row whose value the fill's rounding
+decides is asked to be finite while every other row is judged for closeness."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from egfuse.rules import gelu, norms, precision
+from egglog import f64, i64, set_, unstable_combine_rulesets
+
+from egfuse import validate
+from egfuse.lang import Tensor, dtype_of, rank_of, scalar_of
+
+from .test_rules import proves, saturated
+
+FLOAT, FLOAT16 = 1, 10
+x, g, eps_value, two, one, half, c = (Tensor.value(i) for i in range(7))
+NORM_FACTS = [
+    set_(scalar_of(two)).to(f64(2.0)),
+    set_(scalar_of(eps_value)).to(f64(1e-6)),
+    set_(rank_of(g)).to(i64(1)),
+]
+NORMS = unstable_combine_rulesets(norms.rules, precision.rules)
+
+
+def _rms_in_float32(value: Tensor, back_to: int) -> Tensor:
+    wide = Tensor.cast(value, FLOAT)
+    root = Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.pow(wide, two)), eps_value))
+    return Tensor.cast(Tensor.div(wide, root), back_to)
+
+
+def test_an_rms_norm_computed_in_float32_is_the_rms_norm():
+    term = _rms_in_float32(x, FLOAT16)
+    egraph = saturated(NORMS, term, set_(dtype_of(x)).to(i64(FLOAT16)), *NORM_FACTS)
+    assert proves(egraph, term, Tensor.rms_normalized(x, 1e-6))
+
+
+def test_a_layer_norm_computed_in_float32_is_the_layer_norm():
+    wide = Tensor.cast(x, FLOAT)
+    centred = Tensor.sub(wide, Tensor.reduce_mean(wide))
+    root = Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.pow(centred, two)), eps_value))
+    term = Tensor.cast(Tensor.div(centred, root), FLOAT16)
+    egraph = saturated(NORMS, term, set_(dtype_of(x)).to(i64(FLOAT16)), *NORM_FACTS)
+    assert proves(egraph, term, Tensor.normalized(x, 1e-6))
+
+
+def test_a_norm_cast_to_another_type_than_its_input_is_not_the_norm():
+    """A float32 input normalized and cast to float16 changes the output's type: not the norm of the input."""
+    term = _rms_in_float32(x, FLOAT16)
+    egraph = saturated(NORMS, term, set_(dtype_of(x)).to(i64(FLOAT)), *NORM_FACTS)
+    assert not proves(egraph, term, Tensor.rms_normalized(x, 1e-6))
+
+
+def _gelu_term() -> Tensor:
+    return Tensor.mul(Tensor.mul(x, Tensor.add(Tensor.erf(Tensor.div(x, c)), one)), half)
+
+
+def _gelu_proved(stored: float, dtype: int) -> bool:
+    facts = [
+        set_(scalar_of(c)).to(f64(stored)),
+        set_(dtype_of(c)).to(i64(dtype)),
+        set_(scalar_of(one)).to(f64(1.0)),
+        set_(scalar_of(half)).to(f64(0.5)),
+    ]
+    term = _gelu_term()
+    return proves(saturated(gelu.rules, term, *facts), term, Tensor.gelu(x))
+
+
+def test_root_two_stored_in_float16_is_root_two():
+    assert _gelu_proved(float(np.float16(math.sqrt(2.0))), FLOAT16)
+
+
+@pytest.mark.parametrize(
+    ("stored", "dtype"),
+    [(float(np.float16(math.sqrt(2.0))), FLOAT), (float(np.float16(1.41)), FLOAT16)],
+    ids=["float16-rounding-in-a-float32-constant", "further-than-float16-rounding"],
+)
+def test_a_constant_off_root_two_by_more_than_its_rounding_is_not(stored, dtype):
+    assert not _gelu_proved(stored, dtype)
+
+
+# --- the judge ---------------------------------------------------------------------------------------------------
+
+
+def _outputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two references of a (4 rows × 8) output that disagree on row 0 only (a row every key of which a fill
+    hides), and the original's half-precision output, close to the first."""
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal((4, 8)).astype(np.float32)
+    absorbed = reference.copy()
+    absorbed[0] = reference[0].mean()  # the uniform row: the mean of V
+    return reference, absorbed, reference.astype(np.float16)
+
+
+def test_a_row_the_fill_decides_may_take_either_value():
+    reference, absorbed, expected = _outputs()
+    actual = expected.copy()
+    actual[0] = absorbed[0].astype(np.float16)  # the kernel absorbed the scores where the graph kept them
+    assert not validate.compare("y", expected, actual, reference).ok
+    assert validate.compare("y", expected, actual, reference, absorbed=absorbed).ok
+    assert validate.fill_decided(np.dtype(np.float16), reference, absorbed).tolist() == [True, False, False, False]
+
+
+def test_a_row_the_fill_decides_must_still_be_finite():
+    reference, absorbed, expected = _outputs()
+    actual = expected.copy()
+    actual[0, 3] = np.inf
+    assert not validate.compare("y", expected, actual, reference, absorbed=absorbed).ok
+
+
+def test_a_fault_in_a_row_the_references_agree_on_is_seen():
+    reference, absorbed, expected = _outputs()
+    actual = expected.copy()
+    actual[2] = 0  # a row the mask leaves alone, zeroed
+    comparison = validate.compare("y", expected, actual, reference, absorbed=absorbed)
+    assert not comparison.ok and comparison.max_abs_diff > 0.1
