@@ -30,7 +30,7 @@ from egfuse.prepare import admit_standard_attention, bump_opset, infer_shapes, n
 from egfuse.report import Report
 from egfuse.save import save_model
 from egfuse.search import Budgets, RegionKey, fuse_once
-from egfuse.targets import get_target
+from egfuse.targets import for_provider, get_target
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
 from egfuse.version import __version__
 
@@ -80,8 +80,12 @@ def fuse(
     target that needs opset 23 is refused); ``validation`` sets the tolerances and execution providers."""
     start = time.perf_counter()
     chosen = get_target(target)  # fail early on an unknown name
+    providers = (validation or validate_.DEFAULTS).providers
+    priced_for = for_provider(chosen, providers)
     if shapes is not None:
         chosen = chosen.for_shapes(shapes)
+    if priced_for is not chosen:
+        chosen = priced_for.for_shapes(shapes) if shapes is not None else priced_for
     if not rotary:
         chosen = replace(chosen, no_rotary="RoPE fusion turned off (rotary=False / --no-rope)")
     progress.stage("loading the model")
@@ -109,10 +113,24 @@ def fuse(
     report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
     if checker_note:
         report.notes.append(checker_note)
+    report.notes.extend(_provider_notes(priced_for is not get_target(target), providers))
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:
         _sign(fused_proto)
     return FuseResult(fused_proto, report, loaded.external_data, loaded.files)
+
+
+def _provider_notes(priced: bool, providers: tuple[str, ...]) -> list[str]:
+    """What the report says of the execution providers asked for: whose costs chose the forms, and where
+    validation ran when a provider named is not in this onnxruntime."""
+    notes = []
+    if priced:
+        notes.append(f"forms chosen by {providers[0]}'s measured costs (--provider)")
+    ran = validate_.available(providers)
+    missing = [p for p in providers if p not in ran]
+    if missing:
+        notes.append(f"validated on {', '.join(ran)}: {', '.join(missing)} is not in this onnxruntime")
+    return notes
 
 
 def _check_feed_names(feeds: dict, loaded: LoadedModel) -> None:

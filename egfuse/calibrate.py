@@ -91,6 +91,7 @@ class Measured:
     own_us: float = 0.0  # the fused op's own predicted cost (0 for the unfused form)
     roofline_us: float = 0.0  # its work at full efficiency
     chosen: bool = False  # the form extraction picked for this case
+    nodes: int = 0  # the primitive nodes of the form as written (all of them unfused; 0: not counted)
 
 
 @dataclass
@@ -129,8 +130,17 @@ def forms(case: Case, spec: TargetSpec) -> tuple[onnx.ModelProto, list[dict], di
     return model, candidates, written
 
 
+def primitive_nodes(model: onnx.ModelProto, op: str) -> int:
+    """The nodes of a form as written other than its fused op (``op``: the report's label, ``domain.Op``)."""
+    return sum(1 for n in model.graph.node if n.op_type != op.rsplit(".", 1)[-1])
+
+
 def time_models(
-    models: dict[str, onnx.ModelProto], inputs: dict, rounds: int = 15, repeat: int = 3
+    models: dict[str, onnx.ModelProto],
+    inputs: dict,
+    rounds: int = 15,
+    repeat: int = 3,
+    provider: str = "CPUExecutionProvider",
 ) -> dict[str, float]:
     """Median µs per run of each model, with onnxruntime's default session options, interleaved."""
     import onnxruntime as ort
@@ -139,7 +149,7 @@ def time_models(
     options.log_severity_level = 3
     sessions = {}
     for name, model in models.items():
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=[provider, "CPUExecutionProvider"])
         wanted = {i.name for i in session.get_inputs()}
         sessions[name] = (session, {k: v for k, v in inputs.items() if k in wanted})
         for _ in range(3):
@@ -154,11 +164,13 @@ def time_models(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def measure(spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print) -> Calibration:
+def measure(
+    spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print, provider: str = "CPUExecutionProvider"
+) -> Calibration:
     calibration = Calibration(spec.name)
     for case in cases:
         model, candidates, written = forms(case, spec)
-        times = time_models(written, feeds(model, case), rounds)
+        times = time_models(written, feeds(model, case), rounds, provider=provider)
         for candidate in candidates:
             if candidate["form"] not in times:
                 continue
@@ -171,6 +183,7 @@ def measure(spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print) ->
                 float(candidate.get("own_us", 0.0)),
                 float(candidate.get("roofline_us", 0.0)),
                 bool(candidate.get("chosen")),
+                primitive_nodes(written[candidate["form"]], candidate["op"]),
             )
             calibration.rows.append(row)
             log(f"  {case.name:<22} {row.form:<17} predicted {row.predicted_us:9.1f}, measured {row.measured_us:9.1f}")
@@ -180,33 +193,43 @@ def measure(spec: TargetSpec, cases: list[Case], rounds: int = 15, log=print) ->
 def fit(spec: TargetSpec, calibration: Calibration) -> dict:
     """The profile: one least-squares fit, in relative error, of every measured time as
 
-        measured ≈ α · (the primitive ops around the op, as predicted) + a_op · roofline_op + o_op
+        measured ≈ α · (the primitive ops' roofline work) + β · (their node count) + a_op · roofline_op + o_op
 
-    (the unfused form: α · its predicted cost). α rescales the primitive roofline (throughputs divided by
-    it, per-node overhead multiplied), a_op and o_op give each fused op its efficiency (α / a_op: the op's
-    roofline is rescaled too) and fixed overhead. Linear in (α, a, o), so solved exactly; clipped positive."""
+    (the unfused form: its primitive ops alone). α rescales the primitive roofline (throughputs divided by it),
+    β is the time each primitive node costs on its own (a kernel launch on a GPU, an op's dispatch on a CPU:
+    a throughput and a per-node cost that scale apart — a GPU is 1000× a CPU's throughput but not its launch
+    time), a_op and o_op give each fused op its efficiency (α / a_op: the op's roofline is rescaled too) and
+    fixed overhead. Rows whose node counts were not taken (``nodes`` 0) fit β as the target's per-node cost
+    times α, as before. Linear in (α, β, a, o), so solved exactly; clipped positive."""
     rows = [r for r in calibration.rows if r.measured_us > 0 and r.predicted_us > 0]
+    costs = spec.costs
+    per_node = bool(rows) and all(r.nodes > 0 for r in rows if r.form == "unfused")
     fused_ops = sorted({r.form for r in rows if r.form != "unfused" and r.roofline_us > 0})
-    columns = 1 + 2 * len(fused_ops)
-    a = np.zeros((len(rows), columns))
+    first = 2 if per_node else 1
+    a = np.zeros((len(rows), first + 2 * len(fused_ops)))
     b = np.ones(len(rows))
     for i, r in enumerate(rows):
         weight = 1.0 / r.measured_us  # relative error: 100 µs decode steps count as much as 20 ms prefills
-        a[i, 0] = (r.predicted_us - r.own_us) * weight
+        primitive = r.predicted_us - r.own_us
+        if per_node:
+            a[i, 0] = max(primitive - r.nodes * costs.op_overhead_us, 0.0) * weight
+            a[i, 1] = r.nodes * weight
+        else:
+            a[i, 0] = primitive * weight
         if r.form in fused_ops:
-            j = 1 + 2 * fused_ops.index(r.form)
+            j = first + 2 * fused_ops.index(r.form)
             a[i, j], a[i, j + 1] = r.roofline_us * weight, weight
     solution = _nonnegative_least_squares(a, b)
-    alpha = max(float(solution[0]), 1e-3)
-    costs = spec.costs
+    alpha = max(float(solution[0]), 1e-6)
+    per_node_us = float(solution[1]) if per_node else costs.op_overhead_us * alpha
     fitted_costs = replace(
-        costs, gflops=costs.gflops / alpha, gbytes=costs.gbytes / alpha, op_overhead_us=costs.op_overhead_us * alpha
+        costs, gflops=costs.gflops / alpha, gbytes=costs.gbytes / alpha, op_overhead_us=round(per_node_us, 4)
     )
     ops = {}
     for k, form in enumerate(fused_ops):
-        slope, intercept = float(solution[1 + 2 * k]), float(solution[2 + 2 * k])
+        slope, intercept = float(solution[first + 2 * k]), float(solution[first + 1 + 2 * k])
         ops[form] = {
-            "efficiency": round(alpha / max(slope, 1e-6), 4),
+            "efficiency": round(alpha / max(slope, 1e-9), 4),
             "overhead_us": round(max(intercept - fitted_costs.op_overhead_us, 0.0), 3),
         }
     return {
@@ -256,10 +279,15 @@ def _ort_version() -> str:
     return ort.__version__
 
 
-def calibrate(spec: TargetSpec, *, quick: bool = False, rounds: int = 15, log=print) -> tuple[dict, Calibration]:
-    """Measure ``spec``'s forms over the grid and fit its profile."""
-    calibration = measure(spec, grid(quick), rounds, log)
-    return fit(spec, calibration), calibration
+def calibrate(
+    spec: TargetSpec, *, quick: bool = False, rounds: int = 15, log=print, provider: str = "CPUExecutionProvider"
+) -> tuple[dict, Calibration]:
+    """Measure ``spec``'s forms over the grid on ``provider`` and fit its profile."""
+    calibration = measure(spec, grid(quick), rounds, log, provider)
+    profile = fit(spec, calibration)
+    if provider != "CPUExecutionProvider":
+        profile["provider"] = provider
+    return profile, calibration
 
 
 __all__ = ["Case", "FusedOp", "apply_profile", "calibrate", "fit", "grid", "load_profile", "measure"]

@@ -18,7 +18,7 @@ from egfuse.dims import Dim
 from egfuse.enodes import view
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
-from egfuse.targets.spec import LAYER_OPS, ROTARY_OPS, FusedOp, TargetSpec
+from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, ROTARY_OPS, FusedOp, TargetSpec
 
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
@@ -29,8 +29,8 @@ _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 """Constructors that raise to more than one node."""
 _FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0, "cos": 10.0, "sin": 10.0}
-_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "gelu": 12.0, "bias_gelu": 13.0,
-                "rotary": 3.0}  # fmt: skip
+_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "skip_rms_norm": 7.0, "gelu": 12.0,
+                "bias_gelu": 13.0, "rotary": 3.0}  # fmt: skip
 """FLOPs an element: a norm's mean, centring, square, variance, scale, shift; GELU's erf (a polynomial); a
 rotation's two products and a sum."""
 _ELEMENTWISE_FUSED = LAYER_OPS | ROTARY_OPS
@@ -149,7 +149,7 @@ class CostModel:
             if x is None:
                 return None
             flops, moved = _LAYER_FLOPS[node.op] * math.prod(x), 2 * math.prod(x) + 2 * x[-1]
-            if node.op == "skip_layer_norm":  # the skip read, the sum written
+            if node.op in RESIDUAL_NORMS:  # the skip read, the sum written
                 moved += 2 * math.prod(x)
             # A rotation of (B, S, N, H) is the op's 3D form between two Reshapes.
             nodes = 3 if node.op == "rotary" and int(view(node).heads_axis) != 1 else 1

@@ -239,6 +239,10 @@ class Tensor(Expr):
         """``layer_norm(x + skip, …)``: ``com.microsoft.SkipLayerNormalization``, which also returns the sum."""
 
     @classmethod
+    def skip_rms_norm(cls, x: Tensor, skip: Tensor, scale: Tensor, epsilon: f64Like) -> Tensor:
+        """``rms_norm(x + skip, …)``: ``com.microsoft.SkipSimplifiedLayerNormalization``, which returns the sum too."""
+
+    @classmethod
     def rms_normalized(cls, x: Tensor, epsilon: f64Like) -> Tensor:
         """``x / √(mean(x²) + epsilon)`` over the last axis: an RMS norm before its scale."""
 

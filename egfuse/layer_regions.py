@@ -6,7 +6,7 @@ same e-graph, written after extraction and judged like attention.
 * a **GELU** region is the neighbourhood of an ``Erf``: its scaled input, forward through ``1 +``, the
   products with the input and with ½;
 * a **residual norm** region (targets whose norm adds the residual) is a ``LayerNormalization`` op and the
-  sum it normalizes.
+  sum it normalizes, or a norm in primitive ops with its sum.
 
 Regions are found structurally; the rules (:mod:`egfuse.rules.norms`, :mod:`egfuse.rules.gelu`) decide what
 each computes, extraction chooses the target's op by cost, and a region whose written op differs from the
@@ -45,7 +45,7 @@ def find_layer_regions(
         if node.domain not in ("", "ai.onnx") or node in claimed:
             continue
         if node.op_type == "Sqrt":
-            found = _norm(node, facts, claimed)
+            found = _norm(node, facts, claimed, residual_norms)
         elif node.op_type == "Erf":
             found = _gelu(node, facts, claimed)
         elif node.op_type == "LayerNormalization" and residual_norms:
@@ -61,7 +61,11 @@ def find_layer_regions(
     return regions
 
 
-def _norm(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[ir.Node], ir.Value] | None:
+def _norm(
+    sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node], residual: bool = False
+) -> tuple[set[ir.Node], ir.Value] | None:
+    """A norm spelled in primitive ops around ``sqrt``; with ``residual``, the sum it normalizes too (a residual
+    ``Add`` of two computed values, before the widening ``Cast`` of a half-precision model's norm)."""
     back = _backward(sqrt.inputs[0], claimed, facts)
     if not any(n.op_type == "ReduceMean" for n in back):
         return None
@@ -71,7 +75,22 @@ def _norm(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[
         for value in n.inputs:
             if value is not None:
                 members |= _backward(value, claimed | members, facts)
+    if residual:
+        members |= _residual_sums(members, facts, claimed)
     return members, (forward[-1] if forward else sqrt).outputs[0]
+
+
+def _residual_sums(members: set[ir.Node], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
+    """The residual sum a norm's members read: an ``Add`` of two computed values outside them."""
+    sums = set()
+    for node in members:
+        for value in node.inputs:
+            add = value.producer() if value is not None else None
+            if add is None or add in members or add in claimed or add.op_type != "Add":
+                continue
+            if add.domain in ("", "ai.onnx") and all(v is not None and facts.const(v) is None for v in add.inputs):
+                sums.add(add)
+    return sums if len(sums) == 1 else set()
 
 
 def _residual_norm(norm: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[ir.Node], ir.Value] | None:

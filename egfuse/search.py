@@ -32,7 +32,7 @@ from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
 from egfuse.shapes import class_shapes
-from egfuse.targets.spec import FUSED, LAYER_OPS, TargetSpec
+from egfuse.targets.spec import FUSED, LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 
 RegionKey = int | tuple[str, int]
 """What validation rolls back: an attention region's index, or ("rotary", index)."""
@@ -82,7 +82,7 @@ def fuse_once(
     regions = find_regions(graph, facts, rotation_nodes)
     layer_regions = []
     if any(target.op_for(c) is not None for c in LAYER_OPS):
-        residual = target.op_for("skip_layer_norm") is not None
+        residual = any(target.op_for(c) is not None for c in RESIDUAL_NORMS)
         claimed = {n for r in regions for n in r.nodes} | rotation_nodes
         layer_regions = find_layer_regions(graph, facts, claimed, residual_norms=residual)
     session = Session()

@@ -22,7 +22,7 @@ Shape = tuple[Dim | None, ...]
 _ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "where", "maximum", "pow"})
 _SAME = frozenset({"isnan", "sqrt", "tanh", "cast", "softmax", "nan_to_zero", "softcap", "reciprocal", "normalized",
                    "layer_norm", "rms_normalized", "rms_norm", "erf", "gelu_cdf", "gelu", "bias_gelu",
-                   "skip_layer_norm", "neg", "cos", "sin"})  # fmt: skip
+                   "skip_layer_norm", "skip_rms_norm", "neg", "cos", "sin"})  # fmt: skip
 _MAX_PASSES = 8
 
 

@@ -33,7 +33,7 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     three_d = node.op in ("mha", "gqa")
     seq_axis = 1 if three_d else 2
-    inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d)
+    inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d and op.absorbs_cache)
     mask = e.finite_mask(bias, mask)
     attrs: dict[str, object] = {"scale": float(scale)}
     if float(cap) != 0.0:
@@ -54,7 +54,7 @@ def multi_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     a = view(node)
     q, k, v, bias, scale, heads = a.q, a.k, a.v, a.bias, a.scale, a.heads
     kv4 = node.op == "mha_kv4"
-    inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4)
+    inputs, mask, cache = e.operands(q, k, v, bias, 1, 2 if kv4 else 1, cache_allowed=kv4 and op.absorbs_cache)
     attrs = {"num_heads": int(heads), "scale": float(scale)}
     if cache is not None:
         args = [*inputs, None, None, mask, cache.past_key, cache.past_value]
@@ -216,24 +216,25 @@ def norm(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     a = view(node)
     _check_opset(e, op)
     x = e.value(a.x)
-    params = [a.scale] if node.op == "rms_norm" else [a.scale, a.bias]
+    params = [a.scale] if node.op in ("rms_norm", "skip_rms_norm") else [a.scale, a.bias]
     _check_per_feature(e, a.x, x, params)
-    if node.op == "skip_layer_norm":
+    if node.op in ("skip_layer_norm", "skip_rms_norm"):
         return _skip_layer_norm(node, e, op, x, params)
     inputs = [x, *(e.value(c) for c in params)]
     return e.node(op.op, inputs, {"axis": -1, "epsilon": float(a.epsilon)}, op.domain, like=x)
 
 
 def _skip_layer_norm(node: ENode, e: Emitter, op: FusedOp, x: ir.Value, params: list) -> ir.Value:
-    """The op's fourth output is the residual sum: the graph's own sum is replaced by it, so the next residual
-    reads it from the kernel. The skip must have the input's rank (the kernel broadcasts no further)."""
+    """``SkipLayerNormalization`` or ``SkipSimplifiedLayerNormalization`` (γ alone). The op's fourth output is
+    the residual sum: the graph's own sum is replaced by it, so the next residual reads it from the kernel. The
+    skip must have the input's rank (the kernel broadcasts no further)."""
     a = view(node)
     skip = e.value(a.skip)
-    if e.rank(a.skip, skip) != e.rank(a.x, x):
-        raise ValueError("the skip does not have the input's rank")
+    if e.rank(a.skip, skip) != e.rank(a.x, x) or e.rank(a.x, x) not in (2, 3):  # the kernels take 2 or 3 dims
+        raise ValueError("the skip does not have the input's rank, or the input is not 2-D or 3-D")
     # γ and β as their values: the graph's may be computed from the sum (a CastLike to its type), which the
     # op now returns — reading them would close a cycle.
-    weights = [e.const(e.constant_array(c), hint) for c, hint in zip(params, ("gamma", "beta"), strict=True)]
+    weights = [e.const(e.constant_array(c), hint) for c, hint in zip(params, ("gamma", "beta"), strict=False)]
     outputs = e.node_outputs(op.op, [x, skip, *weights], {"epsilon": float(a.epsilon)}, op.domain, like=x, count=4)
     outputs[1].name = outputs[2].name = ""  # mean and inverse deviation: not computed
     # The graph's own sum: the Add reading both operands (found from their uses, not by a scan of the e-graph).

@@ -5,7 +5,11 @@ hang is a row with its reason, not the end of the run, and peak RSS belongs to t
 
     python experiments/optimize_worker.py TOOL MODEL.onnx [--heads N --hidden D --model-type bert] [--out F]
 
-TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, onnxscript, ort
+TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, egfuse:ort:keep-opset (the
+model's opset kept: the ort target's contrib ops only), egfuse:ort:cuda (``--provider CUDAExecutionProvider``:
+forms priced by the CUDA profile; validated on CUDA where this onnxruntime has it), onnxscript, ort;
+``--gpu``: onnxruntime's optimizer as a user fusing for CUDA calls it (``use_gpu=True``, ``opt_level=0``: its
+ONNX-level fusions, the CUDA session's own graph optimizations come on the GPU machine).
 """
 
 from __future__ import annotations
@@ -43,14 +47,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str | None):
+def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str | None, gpu: bool = False):
     # Imports first: the timed part is the optimizer's own work, from the file to the optimized model.
     if tool.startswith("egfuse"):
         import egfuse
 
         parts = tool.split(":")
         start = time.perf_counter()
-        result = egfuse.fuse(path, target=parts[1], validate="novalidate" not in parts)
+        from egfuse.validate import DEFAULTS, Settings
+
+        providers = ("CUDAExecutionProvider",) if "cuda" in parts else DEFAULTS.providers
+        result = egfuse.fuse(
+            path,
+            target=parts[1],
+            validate="novalidate" not in parts,
+            raise_opset="keep-opset" not in parts,
+            validation=Settings(providers=providers),
+        )
         model = result.model
         if parts[1] == "npu":  # single-head attention is plain ops: the report says which regions became it
             seconds = time.perf_counter() - start
@@ -71,7 +84,8 @@ def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str
         from onnxruntime.transformers.optimizer import optimize_model
 
         start = time.perf_counter()
-        model = optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden).model
+        gpu_options = {"use_gpu": True, "opt_level": 0} if gpu else {}
+        model = optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden, **gpu_options).model
     else:
         raise SystemExit(f"unknown tool {tool}")
     seconds = time.perf_counter() - start
@@ -119,11 +133,12 @@ def main() -> int:
     parser.add_argument("--model-type", default="bert")
     parser.add_argument("--out")
     parser.add_argument("--check", help="feeds (.npz): also run original and optimized on onnxruntime CPU")
+    parser.add_argument("--gpu", action="store_true", help="onnxruntime's optimizer as for CUDA (use_gpu=True)")
     args = parser.parse_args()
     record: dict = {"tool": args.tool, "model": args.model}
     try:
         out = args.out or (args.model + f".{args.tool.replace(':', '_')}.tmp.onnx" if args.check else None)
-        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, out)
+        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, out, args.gpu)
         record.update(ok=True, seconds=seconds, fused=fused)
         if args.check:
             record.update(check(args.model, out, args.check))

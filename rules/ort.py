@@ -1,6 +1,7 @@
 """onnxruntime's packed-QKV ``com.microsoft.Attention``: ``mha`` whose Q, K and V are three projections
 ``x @ W + b`` of one input is one op with the three weights concatenated (the fastest spelling of a BERT
-block on ORT CPU). And a layer norm of a residual sum is ``com.microsoft.SkipLayerNormalization``."""
+block on ORT CPU). And a layer norm of a residual sum is ``com.microsoft.SkipLayerNormalization``, an RMS norm
+of one ``com.microsoft.SkipSimplifiedLayerNormalization``."""
 
 from __future__ import annotations
 
@@ -40,5 +41,7 @@ def rules(
         is_weight(bk),
         is_weight(bv),
     )
-    # A residual sum normalized: SkipLayerNormalization, which returns the sum for the next residual too.
+    # A residual sum normalized: SkipLayerNormalization (SkipSimplifiedLayerNormalization for an RMS norm), which
+    # returns the sum for the next residual too.
     yield rewrite(Tensor.layer_norm(Tensor.add(x, b), wq, bq, s)).to(Tensor.skip_layer_norm(x, b, wq, bq, s))
+    yield rewrite(Tensor.rms_norm(Tensor.add(x, b), wq, s)).to(Tensor.skip_rms_norm(x, b, wq, s))

@@ -2,19 +2,32 @@
 standard ``Attention`` (opset 23) where K/V are (B, N, T, H) tensors — grouped-query heads included, which no
 contrib op takes without a proof that the mask is causal (GroupQueryAttention always masks causally).
 
-Which of the equal forms runs fastest depends on the onnxruntime version, the machine and the shapes; the
-efficiencies below are this machine's measurement (``egfuse calibrate --target ort``, see
-experiments/cost_model.py). Where the model cannot be raised to opset 23 the standard ops drop out and grouped
-K/V heads are repeated for MultiHeadAttention."""
+Which of the equal forms runs fastest depends on the onnxruntime version, the execution provider and the
+shapes. The CPU efficiencies are this machine's measurement (``egfuse calibrate --target ort``, see
+experiments/cost_model.py); the CUDA provider's were measured on an H200 (experiments/bench_gpu.py), where the
+contrib ops run about twice as fast as the standard ``Attention`` and a primitive node costs a kernel launch,
+and are used when validation names that provider (``--provider CUDAExecutionProvider``: :data:`PROVIDERS`).
+Where the model cannot be raised to opset 23 the standard ops drop out and grouped K/V heads are repeated for
+MultiHeadAttention."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from importlib import resources
 
 from egfuse.targets.onnx import SPEC as ONNX
 from egfuse.targets.onnx import STANDARD
-from egfuse.targets.spec import BIAS_GELU, GELU_CONTRIB, NORM_OPS, ROTARY, SKIP_LAYER_NORM, FusedOp, TargetSpec
+from egfuse.targets.spec import (
+    BIAS_GELU,
+    GELU_CONTRIB,
+    NORM_OPS,
+    ROTARY,
+    SKIP_LAYER_NORM,
+    SKIP_RMS_NORM,
+    FusedOp,
+    TargetSpec,
+)
 
 CONTRIB = {"domain": "com.microsoft", "opset": 1, "zero_scale_is_default": True}
 
@@ -28,6 +41,7 @@ UNCALIBRATED = TargetSpec(
         *(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "gqa")),
         *NORM_OPS,
         SKIP_LAYER_NORM,
+        SKIP_RMS_NORM,
         GELU_CONTRIB,
         BIAS_GELU,
         ROTARY,
@@ -40,3 +54,21 @@ PROFILE = resources.files("egfuse") / "data" / "ort_profile.json"
 """This machine's measurement (``egfuse calibrate --target ort``), shipped as the default."""
 
 SPEC = UNCALIBRATED.with_profile(json.loads(PROFILE.read_text())) if PROFILE.is_file() else UNCALIBRATED
+
+CUDA_PROFILE = resources.files("egfuse") / "data" / "ort_cuda_profile.json"
+"""The CUDA provider's measurement (experiments/bench_gpu.py on an H200)."""
+
+CUDA_UNCALIBRATED = replace(
+    UNCALIBRATED,
+    description=UNCALIBRATED.description + " (costs of onnxruntime's CUDA provider)",
+    keep_unfused=True,  # a decode step's few small kernels beat the standard op's launch on CUDA (measured)
+    ops=tuple(replace(op, absorbs_cache=False) if op.constructor == "mha_kv4" else op for op in UNCALIBRATED.ops),
+)
+CUDA_SPEC = (
+    CUDA_UNCALIBRATED.with_profile(json.loads(CUDA_PROFILE.read_text()))
+    if CUDA_PROFILE.is_file()
+    else CUDA_UNCALIBRATED
+)
+
+PROVIDERS = {"CUDAExecutionProvider": CUDA_SPEC}
+"""The target as priced for an execution provider other than the CPU's (:func:`egfuse.targets.for_provider`)."""

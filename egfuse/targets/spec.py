@@ -16,7 +16,9 @@ STANDARD_ATTENTION_OPSET = 23
 ATTENTION = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
 """The language's attention constructors: one attention each, however a target writes it."""
 
-LAYER_OPS = frozenset({"layer_norm", "skip_layer_norm", "rms_norm", "gelu", "bias_gelu"})
+LAYER_OPS = frozenset({"layer_norm", "skip_layer_norm", "rms_norm", "skip_rms_norm", "gelu", "bias_gelu"})
+RESIDUAL_NORMS = frozenset({"skip_layer_norm", "skip_rms_norm"})
+"""Norms that add the residual themselves (and return the sum)."""
 """The language's norm and activation constructors (:mod:`egfuse.rules.norms`, :mod:`egfuse.rules.gelu`)."""
 
 ROTARY_OPS = frozenset({"rotary"})
@@ -68,6 +70,10 @@ class FusedOp:
     broadcasts_batch: bool = False
     """Takes K/V with a batch of 1 for a query with more (a relative-position table read as keys). Fused
     kernels check the batches are equal; per-head MatMuls broadcast."""
+    absorbs_cache: bool = True
+    """Takes a KV cache's ``Concat(past, new)`` as past_key/past_value in and present outputs (where its writer
+    can): onnxruntime's CUDA MultiHeadAttention refuses a cache beside (B, N, T, H) keys ("shall be empty for
+    cross attention"), which its CPU kernel runs."""
 
     @property
     def label(self) -> str:
@@ -80,6 +86,7 @@ NORM_OPS = (LAYER_NORM, RMS_NORM)
 """Every target writes norms as the standard ops: onnxruntime has kernels for both, and NPU toolchains lower
 them themselves."""
 SKIP_LAYER_NORM = FusedOp("skip_layer_norm", "SkipLayerNormalization", "norm", domain="com.microsoft", opset=1)
+SKIP_RMS_NORM = FusedOp("skip_rms_norm", "SkipSimplifiedLayerNormalization", "norm", domain="com.microsoft", opset=1)
 """onnxruntime's residual sum and layer norm in one kernel."""
 GELU = FusedOp("gelu", "Gelu", "gelu", opset=20)
 GELU_CONTRIB = FusedOp("gelu", "Gelu", "gelu", domain="com.microsoft", opset=1)
