@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
         "--provider",
         action="append",
         metavar="NAME",
-        help="onnxruntime execution provider to validate on, in order (default CPUExecutionProvider)",
+        help="onnxruntime execution provider the model will run on, in order (default CPUExecutionProvider): "
+        "validation runs there when this onnxruntime has it, and the ort target's forms are priced for it "
+        "(CUDAExecutionProvider: costs measured on an H200)",
     )
     check.add_argument(
         "--memory-budget",

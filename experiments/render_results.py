@@ -65,6 +65,13 @@ def table() -> str:
         data = json.loads(latency.read_text())
         lines += ["Fused-model latency on onnxruntime CPU, relative to the unfused export (lower is faster; "
                   "`experiments/results/latency.md`):", "", data["markdown_table"], ""]  # fmt: skip
+    gpu = RESULTS / "latency_gpu.json"
+    if gpu.exists():
+        data = json.loads(gpu.read_text())
+        lines += [f"Fused-model latency on onnxruntime's CUDA provider ({data['device']}, onnxruntime "
+                  f"{data['onnxruntime']}), float16, relative to the unfused export (lower is faster; "
+                  "`experiments/results/latency_gpu.md`; `egfuse:ort:cuda` is `--provider CUDAExecutionProvider`):",
+                  "", data["markdown_table"].rstrip(), ""]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 
