@@ -156,7 +156,7 @@ class MaskWriter(NodeBuilder):
                     self.fill_scales.setdefault(f, scale)
 
     def finite_mask(self, bias: EClass, mask: ir.Value | None) -> ir.Value | None:
-        """``mask`` with its entries equal to finfo.min moved one ulp up, for onnxruntime's standard
+        """``mask`` with its entries equal to finfo.min moved up (:func:`moved_lowest`), for onnxruntime's standard
         ``Attention``: it reads such an entry as −inf (a row masked entirely that way gives 0), where the graph
         adds it to a score and gets finfo.min, finite and tied with the row's other masked entries (a
         left-padded query row under a causal mask is uniform over them). Masks that cannot hold finfo.min —
@@ -168,7 +168,7 @@ class MaskWriter(NodeBuilder):
             return mask
         lowest = np.finfo(dtype).min
         is_lowest = self.node("Equal", [mask, self.const(np.array(lowest, dtype), "lowest")])
-        above = self.const(np.array(np.nextafter(lowest, dtype.type(0)), dtype), "fill")
+        above = self.const(np.array(moved_lowest(dtype), dtype), "fill")
         return self.node("Where", [is_lowest, above, mask], like=mask)
 
     def _may_hold_lowest(self, cid: EClass) -> bool:
@@ -222,8 +222,22 @@ def mask_fill(fill: float, dtype: np.dtype, scale: float = 1.0) -> float:
         return float(dtype.type(fill * scale))
     lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
     if lowest is not None and fill == float(lowest):
-        return float(np.nextafter(lowest, dtype.type(0)))
+        return moved_lowest(dtype)
     return fill
+
+
+def moved_lowest(dtype: np.dtype) -> float:
+    """What a mask entry of finfo.min is written as for a fused op: one ulp above it in float32 and float64
+    (onnxruntime's standard ``Attention`` reads finfo.min itself as −inf); half of it in a half-precision type,
+    where a kernel that adds the mask in that type overflows ``S + finfo.min`` to −inf once S < −16 (a query
+    row whose every key is masked then gives NaN or 0 on large scores). At half the range a score must pass
+    −32752 to overflow, a masked key still gets weight exp(−32752 − max) = 0, and two such fills summed stay
+    finite. Widened for the float32 copies validation judges masks on, it is a fill again
+    (:func:`egfuse.widen.upcast`)."""
+    lowest = np.finfo(dtype).min
+    if np.finfo(dtype).bits <= 16:
+        return float(dtype.type(lowest / 2))
+    return float(np.nextafter(lowest, dtype.type(0)))
 
 
 def _axis_dim(shape: tuple[Dim | None, ...] | None, axis: int) -> Dim | None:

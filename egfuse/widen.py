@@ -24,7 +24,8 @@ ulp up where a kernel would read it as −inf)."""
 
 def _keep_fills(narrow: np.ndarray, wide: np.ndarray) -> np.ndarray:
     """``wide`` with the fills of ``narrow`` — values at the ends of its type's range, up to ``FILL_ULPS`` ulps
-    inside — moved to the same place in the wide type's range: finfo(float16).min absorbs every score it is
+    inside, and at half of them (what egfuse writes a half-precision fused op's fill as) — moved to the same
+    place in the wide type's range: finfo(float16).min absorbs every score it is
     added to in float16, and must still once widened (−65504 in float32 would not, and a clamp at it would
     then change what the graph computes)."""
     try:
@@ -41,6 +42,11 @@ def _keep_fills(narrow: np.ndarray, wide: np.ndarray) -> np.ndarray:
         fill = np.isfinite(steps) & (steps >= 0) & (steps <= FILL_ULPS) & (np.round(steps) == steps)
         if fill.any():
             out = np.where(fill, sign * (float(wide_top) - steps * wide_ulp), out).astype(wide.dtype)
+        # half the range: the fill egfuse writes for a half-precision fused op (raise_masks.moved_lowest), one
+        # ulp inside the wide type's end (where onnxruntime's standard op would read the end itself as −inf)
+        halved = values == sign * float(narrow.dtype.type(float(top) / 2))
+        if halved.any():
+            out = np.where(halved, sign * (float(wide_top) - wide_ulp), out).astype(wide.dtype)
     return out
 
 

@@ -11,8 +11,10 @@ import pytest
 from egfuse.rules import gelu, norms, precision
 from egglog import f64, i64, set_, unstable_combine_rulesets
 
+import egfuse
 from egfuse import validate
 from egfuse.lang import Tensor, dtype_of, rank_of, scalar_of
+from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 
 from .test_rules import proves, saturated
 
@@ -117,3 +119,33 @@ def test_a_fault_in_a_row_the_references_agree_on_is_seen():
     actual[2] = 0  # a row the mask leaves alone, zeroed
     comparison = validate.compare("y", expected, actual, reference, absorbed=absorbed)
     assert not comparison.ok and comparison.max_abs_diff > 0.1
+
+
+# --- the fill a half-precision fused op is given -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("causal", ["trilu", "range_greater"])
+@pytest.mark.parametrize("mask", ["padding_int", "where_finfo", "additive"])
+def test_a_float16_causal_block_with_a_padding_mask_fuses_and_stays_finite(mask, causal, target):
+    """A fused op that adds a float16 mask in float16 overflows ``S + finfo.min`` to −inf once S < −16: a row
+    every key of which is masked became NaN on large scores, and validation kept the graph's ops (2 of these 12
+    fused before). The mask's finfo.min entries go to the op at half of it (``raise_masks.moved_lowest``)."""
+    variant = Variant(scale="qk_div", k_layout="transpose_0132", heads=4, head_dim=16, dtype="float16", mask=mask,
+                      causal=causal, seed=5)  # fmt: skip
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target=target)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    for seed in range(3):  # the judge's own feeds: its large-scores draws hide whole rows' scores
+        assert disagreements(model, result.model, feeds_for(model, seed=seed, batch=3, seq=6, left_padding=True)) == []
+
+
+def test_a_half_range_fill_widens_to_a_fill():
+    """The float32 copies that judge a float16 model's masks read egfuse's half-range fill as the fill it is."""
+    from egfuse.widen import upcast_feeds
+
+    lowest = np.finfo(np.float16).min
+    values = np.array([lowest, lowest / 2, -1.0, 0.0], np.float16)
+    wide = upcast_feeds({"m": values}, fills=True)["m"]
+    top = np.finfo(np.float32).max
+    assert wide[0] == -top and wide[1] == np.nextafter(-top, np.float32(0)) and wide[2] == -1.0 and wide[3] == 0.0

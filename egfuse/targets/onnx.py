@@ -11,8 +11,8 @@ from egfuse.targets.spec import GELU, NORM_OPS, ROTARY, STANDARD_ATTENTION_OPSET
 
 MASK_NOTE = (
     "onnxruntime's standard Attention gives 0 for a query row masked entirely with -inf or finfo.min (the primitive "
-    "ops give NaN, or the mean of V); select-mask fills are written one ulp above finfo.min to keep the mean, and "
-    "validation checks padded inputs"
+    "ops give NaN, or the mean of V); select-mask fills are written one ulp above finfo.min to keep the mean (half "
+    "of it in float16, where a score added to finfo.min overflows), and validation checks padded inputs"
 )
 STANDARD = {
     "writer": "standard",
