@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--target", choices=list(TARGETS), default="ort")
     cal.add_argument("-o", "--output", type=Path, required=True, help="where to write the profile (JSON)")
     cal.add_argument("--quick", action="store_true", help="a smaller grid of shapes and fewer runs (~1 min)")
+    cal.add_argument(
+        "--provider",
+        default="CPUExecutionProvider",
+        metavar="NAME",
+        help="the onnxruntime execution provider to time on (CUDAExecutionProvider with onnxruntime-gpu)",
+    )
     return parser
 
 
@@ -294,11 +300,17 @@ def _profiled(name: str, path: Path) -> object:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    import onnxruntime
+
     from egfuse.calibrate import calibrate
     from egfuse.targets import get_target
 
-    print(f"egfuse: timing every form target {args.target} can write, on this machine's onnxruntime …")
-    profile, _ = calibrate(get_target(args.target), quick=args.quick, rounds=7 if args.quick else 15)
+    if args.provider not in onnxruntime.get_available_providers():
+        have = ", ".join(onnxruntime.get_available_providers())
+        raise UsageError(f"execution provider {args.provider} is not in this onnxruntime (it has: {have})")
+    print(f"egfuse: timing every form target {args.target} can write, on this machine's {args.provider} …")
+    spec = get_target(args.target)
+    profile, _ = calibrate(spec, quick=args.quick, rounds=7 if args.quick else 15, provider=args.provider)
     _write_text(args.output, json.dumps(profile, indent=1) + "\n")
     print(f"wrote {args.output}: use it with `egfuse optimize --target {args.target} --profile {args.output}`")
     return 0

@@ -95,3 +95,12 @@ def test_node_counts_are_those_of_the_form_as_written():
     label = next(f"{n.domain}.{n.op_type}" for n in fused.graph.node if "Attention" in n.op_type)
     assert calibrate.primitive_nodes(fused, label) == len(fused.graph.node) - 1
     assert calibrate.primitive_nodes(model, label) == len(model.graph.node)
+
+
+def test_calibrating_on_a_provider_onnxruntime_lacks_is_a_usage_error(tmp_path, capsys):
+    from egfuse.cli import main
+
+    out = tmp_path / "cuda.json"
+    assert main(["calibrate", "--target", "ort", "-o", str(out), "--provider", "NoSuchExecutionProvider"]) == 2
+    assert "NoSuchExecutionProvider is not in this onnxruntime" in capsys.readouterr().err
+    assert not out.exists()
