@@ -79,13 +79,12 @@ def fuse(
     wrote it; ``raise_opset=False`` keeps the model's opset (``ort`` then writes only its contrib ops, and a
     target that needs opset 23 is refused); ``validation`` sets the tolerances and execution providers."""
     start = time.perf_counter()
-    chosen = get_target(target)  # fail early on an unknown name
+    named = get_target(target)  # fail early on an unknown name
     providers = (validation or validate_.DEFAULTS).providers
-    priced_for = for_provider(chosen, providers)
+    chosen = for_provider(named, providers)
+    priced = chosen is not named  # another provider's costs
     if shapes is not None:
         chosen = chosen.for_shapes(shapes)
-    if priced_for is not chosen:
-        chosen = priced_for.for_shapes(shapes) if shapes is not None else priced_for
     if not rotary:
         chosen = replace(chosen, no_rotary="RoPE fusion turned off (rotary=False / --no-rope)")
     progress.stage("loading the model")
@@ -113,7 +112,7 @@ def fuse(
     report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
     if checker_note:
         report.notes.append(checker_note)
-    report.notes.extend(_provider_notes(priced_for is not get_target(target), providers))
+    report.notes.extend(_provider_notes(priced, providers))
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:
         _sign(fused_proto)
