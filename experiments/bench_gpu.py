@@ -133,26 +133,9 @@ def build(kind: str, batch: int, seq: int, shapes: tuple[int, int, int, int] | N
         return step.eval(), inputs, outputs
     else:
         raise ValueError(f"unknown model kind {kind!r}")
-    inner = inner.half()
-    names = list(inputs)
+    from bench_latency import exportable
 
-    class Text(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    class Single(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = inner
-
-        def forward(self, x):
-            return self.model(**{names[0]: x}).last_hidden_state
-
-    return (Text() if len(names) == 2 else Single()).eval(), inputs, ["last_hidden_state"]
+    return exportable(inner.half(), list(inputs)), inputs, ["last_hidden_state"]
 
 
 def export(kind: str, batch: int, seq: int, opset: int, path: Path, shapes=None, inputs=None) -> Path:

@@ -155,9 +155,15 @@ def build(kind: str, seq: int = 128):
     else:
         raise ValueError(f"unknown model kind {kind!r}")
 
-    names = list(inputs)
+    return exportable(inner, list(inputs)), inputs, ["last_hidden_state"]
 
-    class Text(torch.nn.Module):  # the signature torch.export's dynamic_shapes are written against
+
+def exportable(inner, names: list[str]):
+    """``inner`` (a transformers model) behind the positional signature torch.export's dynamic_shapes are
+    written against: ``(input_ids, attention_mask)`` or one input; its last hidden state out."""
+    import torch
+
+    class Text(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = inner
@@ -173,7 +179,7 @@ def build(kind: str, seq: int = 128):
         def forward(self, x):
             return self.model(**{names[0]: x}).last_hidden_state
 
-    return (Text() if len(names) == 2 else Single()).eval(), inputs, ["last_hidden_state"]
+    return (Text() if len(names) == 2 else Single()).eval()
 
 
 def model_path(kind: str, opset: int, seq: int) -> Path:
