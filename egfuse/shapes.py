@@ -8,10 +8,9 @@ symbolic (:class:`egfuse.dims.Dim`); :func:`bind` turns them into numbers for a 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from egfuse.dims import Dim, _is_sum, _parse_poly
+from egfuse.dims import Dim, evaluate
 from egfuse.enodes import value_index, view
 from egfuse.facts import GraphFacts
 from egfuse.lower import Lowered
@@ -197,9 +196,9 @@ def _bind_symbol(sym: str, binding: Mapping[str, int]) -> int:
         return int(binding[sym])
     if sym.startswith("unk__"):  # shape inference lost track, and no member's meaning said more (class_shapes
         return 1  # prefers one): often a broadcast axis, so 1, never 128 — a mask of four such dims is not 128⁴
-    poly = _parse_poly(sym) if _is_sum(sym) else None
-    if poly:  # a sum of terms: each term's symbols bound
-        return sum(coef * math.prod(_bind_symbol(s, binding) for s in term) for term, coef in poly.items())
+    if not sym.isidentifier():  # an expression over symbols (``s0 + 1``, ``Max(0, 1 - s)``): its value
+        value = evaluate(sym, lambda name: _bind_symbol(name, binding))
+        return TYPICAL_LENGTH if value is None else value
     lowered = sym.lower()
     for word, size in TYPICAL.items():
         if word in lowered:

@@ -41,11 +41,26 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     if three_d:
         heads = int(a.heads)
         attrs.update(q_num_heads=heads, kv_num_heads=int(a.kv_heads) if node.op == "gqa" else heads)
+        inputs[2] = _static_width(e, v, inputs[2])
     if cache is not None:
         args = [*inputs, mask, cache.past_key, cache.past_value]
     else:
         args = [*inputs, mask] if mask is not None else inputs
     return e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+
+
+def _static_width(e: Emitter, v: EClass, value: ir.Value) -> ir.Value:
+    """V with its last dim stated where the graph's shapes lose it (a packed QKV split by Slices whose ends are
+    computed from Shape): onnxruntime infers a 3-D ``Attention``'s output width as 0 when V's width is unknown and
+    then refuses the next MatMul at load ("Incompatible dimensions"). A Reshape to (0, 0, width) costs no copy."""
+    dims = value.shape
+    if dims is not None and len(dims) == 3 and isinstance(dims[2], int):
+        return value
+    shape = e.shapes.get(v)
+    width = shape[-1].static if shape and shape[-1] is not None else None
+    if width is None:
+        return value
+    return e.node("Reshape", [value, e.const(np.array([0, 0, width], np.int64), "shape")], like=value)
 
 
 def multi_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:

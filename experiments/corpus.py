@@ -8,6 +8,7 @@ reason, never silently dropped.
     python experiments/corpus.py --out experiments/corpus            # the full corpus
     python experiments/corpus.py --out tests/data --set tests         # the small models the tests use
     python experiments/corpus.py --out tests/data/half --set half     # float16 exports (tests/test_half_exports.py)
+    python experiments/corpus.py --out tests/data/held_out --set held_out   # tests/test_held_out.py
 
 Needs the ``corpus`` extra (torch, transformers).
 """
@@ -182,6 +183,20 @@ LLAMA_SIZES = {  # Llama and Gemma 2: grouped K/V heads (two query heads per K/V
 }  # fmt: skip
 _gpt2 = _hf("GPT2Config", "GPT2Model", _ids, {**GPT2_SIZES, **NO_CACHE})
 _llama = _hf("LlamaConfig", "LlamaModel", _ids, {**LLAMA_SIZES, **NO_CACHE})
+_mpt = _hf(  # ALiBi bias, one packed QKV projection split by Slices whose ends are computed from Shape
+    "MptConfig",
+    "MptModel",
+    _ids,
+    {
+        "d_model": HIDDEN,
+        "n_heads": HEADS,
+        "n_layers": LAYERS,
+        "vocab_size": VOCAB,
+        "max_seq_len": 64,
+        "expansion_ratio": 2,
+        **NO_CACHE,
+    },
+)
 _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
     "Gemma2Config",
     "Gemma2Model",
@@ -415,6 +430,7 @@ SPECS: dict[str, Spec] = {
             exporters=DYNAMO,
         ),
         Spec("deberta_v2_eager", _deberta("eager"), LAYERS, ["mha", "attention bias"]),
+        Spec("mpt_eager", _mpt("eager"), LAYERS, ["mha", "causal", "alibi"]),
     ]
 }
 
@@ -441,6 +457,7 @@ SETS = {
         "gemma2_eager:dynamo",
     ],
     "half": ["bert_sdpa_fp16", "llama_sdpa_fp16", "llama_past_sdpa_fp16"],
+    "held_out": ["mpt_eager"],  # architectures that broke egfuse on a user's model (tests/test_held_out.py)
     "all": [name for name in SPECS if not name.endswith("_fp16")],  # the float32 corpus the results measure
 }
 
