@@ -3,13 +3,18 @@
 
 Scales are exact f64 products of the graph's own constants: no assumption that s equals 1/√d, so a model
 with a custom scale keeps it (the fused op gets it as its ``scale`` attribute).
+
+A factor that differs per head but not per query or key — SwinV2's learned logit scale, shape (…, N, 1, 1) —
+is no scalar, but it is still a factor of Q: ``c·(Q·Kᵀ) = (c·Q)·Kᵀ`` whenever c is 1 along the last two axes
+(the broadcast over the leading axes is the same for the scores and for Q). The fused op then reads the scaled
+Q with scale 1.
 """
 
 from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, rank_of, scalar_of, swap_last2
+from egfuse.lang import Tensor, dim_of, last_dim, rank_of, scalar_of, swap_last2
 
 
 @ruleset
@@ -37,3 +42,12 @@ def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String,
     # A factor of one that broadcasts to nothing new is no factor (torchlib writes ``add(x, y, alpha=1)`` as
     # ``x + y · 1``).
     yield rewrite(Tensor.mul(x, c)).to(x, scalar_of(c) == f64(1.0), rank_of(c) == r, rank_of(x) == rx, r <= rx)
+    # A per-head factor (1 along the rows and columns of the scores) moves onto Q.
+    yield rewrite(Tensor.mul(Tensor.scores(q, k, s), c)).to(
+        Tensor.scores(Tensor.mul(q, c), k, s),
+        last_dim(c) == i64(1),
+        eq(dim_of(c, i64(-2))).to(String("1")),
+        rank_of(c) == r,
+        rank_of(q) == rx,
+        r <= rx,
+    )

@@ -204,6 +204,9 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
             return mul_scalar(t, scale, "Div")
         if v.scale == "custom":
             return mul_scalar(t, 0.3)
+        if v.scale == "per_head":  # SwinV2's learned logit scale: one factor per head, (N, 1, 1)
+            factor = scale * (0.5 + b.rng.random((heads, 1, 1)))
+            return b.comm("Mul", t, b.const(factor.astype(np_type), "head_scale"))
         if v.scale == "runtime":  # Shape → Slice → Cast → Sqrt → Div, as dynamo writes it
             shape = b.op("Shape", [q])
             d = b.op("Slice", [shape, b.const(np.array([-1], np.int64)), b.const(np.array([4], np.int64))])

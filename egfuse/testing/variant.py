@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom", "none")
+SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom", "none", "per_head")
+"""``per_head``: the scores times a (N, 1, 1) constant, one factor per head (SwinV2's learned logit scale),
+on split heads' scores with no bias inside the product."""
 
 
 K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
@@ -221,6 +223,10 @@ def _compatible(choices: dict) -> dict:
         c["causal"] = "trilu"  # the buffer is sliced by Kᵀ's shape: split heads' MatMul scores only
     if c.get("dtype", "float32") != "float32":
         c["qdq"] = "none"
+    if c["scale"] == "per_head" and (
+        layout != "split" or c.get("query_bias", "none") != "none" or c["mask"] == "additive_before_scale"
+    ):  # a (N, 1, 1) factor scales split heads' (B, N, S, T) scores, nothing added before it
+        c["scale"] = "qk_div"
     if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":
         c["matmul"] = "plain"  # the decomposition is of split heads' 4D MatMuls
     if c.get("cache_read", "joined") == "split_score" and c["past"]:  # (B, N, T, H) keys, plain MatMuls
