@@ -310,6 +310,11 @@ def reshape_result(in_shape: Shape | None, spec: tuple[Dim | int | None, ...], a
             out.append(Dim(d))
         else:
             out.append(d)
+    unknown = [i for i, d in enumerate(out) if d is None]
+    if minus_one_at is None and len(unknown) == 1:
+        # One entry computed where nothing follows its value (tf2onnx's Max of two batch sizes): a Reshape keeps
+        # the element count, so it is what the others leave — as a -1 would be.
+        minus_one_at = unknown[0]
     if minus_one_at is not None and in_shape is not None:
         total = product(in_shape)
         known = product(tuple(d for i, d in enumerate(out) if i != minus_one_at))

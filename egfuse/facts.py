@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from egfuse.dims import Dim, Shape, shape_of
+from egfuse.dims import Dim, Shape, product, shape_of
 from egfuse.fold import MAX_CONST_ELEMENTS, NUMPY, attr, result_size, slice_values
 from egfuse.op_shapes import SAME_SHAPE, output_shape, sharpened
 
@@ -41,6 +41,17 @@ def _same_dim(a: Dim | None, b: Dim | None) -> bool | None:
     if a == b:
         return True
     return False if a.static is not None and b.static is not None else None
+
+
+def _extreme(a: Dim | None, b: Dim | None, larger: bool) -> Dim | None:
+    """The larger (smaller) of two sizes where it is known: equal dims, or two numbers."""
+    if a is None or b is None:
+        return None
+    if a == b:
+        return a
+    if a.static is not None and b.static is not None:
+        return Dim(max(a.static, b.static) if larger else min(a.static, b.static))
+    return None
 
 
 def _uniform(array: np.ndarray | None) -> float | None:
@@ -308,6 +319,14 @@ class GraphFacts:
             summed = tuple(_add(p, q, op == "Sub") for p, q in zip(a, b, strict=True)) if len(a) == len(b) else ()
             if summed and None not in summed:
                 self._set_elems(out, summed)
+        elif op == "ReduceProd" and self.elems(x) is not None and len(node.inputs) == 1 and attr(node, "keepdims", 1):
+            # tf2onnx's Einsum: the batch dims folded into one, (B, N, …) → B·N, as a 1-element shape vector
+            self._set_elems(out, (product(self.elems(x)),))
+        elif op in ("Max", "Min") and len(node.inputs) == 2 and all(self.elems(v) is not None for v in node.inputs):
+            # tf2onnx's Einsum broadcasts the batch dims of its operands: the larger of two equal dims is the dim
+            a, b = (self.elems(v) for v in node.inputs)
+            if len(a) == len(b):
+                self._set_elems(out, tuple(_extreme(p, q, op == "Max") for p, q in zip(a, b, strict=True)))
         elif op in ("Mul", "Div") and all(self.elems(v) is not None for v in node.inputs):
             a, b = (self.elems(v) for v in node.inputs)
             if len(b) == 1:

@@ -98,7 +98,8 @@ class Lowerer(LayoutTerms, PieceTerms):
             to = int(node.attributes["to"].value)
             if ins[0].dtype is not None and int(ins[0].dtype) == to:
                 return args[0]  # a cast to the dtype it already has is the identity
-            return self._call("cast", args[0], str(to))
+            negated = self._negated_flag(ins[0], to)
+            return negated or self._call("cast", args[0], str(to))
         if op == "CastLike" and ins[1] is not None and ins[1].dtype is not None:
             to = int(ins[1].dtype)  # a Cast to the like-operand's dtype (torch 2.1's softmax ends in one)
             if ins[0].dtype is not None and int(ins[0].dtype) == to:
@@ -126,8 +127,34 @@ class Lowerer(LayoutTerms, PieceTerms):
         if op == "Slice":
             return self._slice(node, args[0])
         if op in ("Squeeze", "Unsqueeze"):
-            return self._unit_heads_axis(node, args[0])
+            return self._squeezed(node, args[0])
         return None
+
+    def _squeezed(self, node: ir.Node, arg: str) -> str | None:
+        """A unit axis taken out or put in, and — where it ends a chain of views — what the whole chain means
+        (``Squeeze(Reshape(y, (B, N, T, 1, H)))`` is ``split_lead`` of the (B·N, T, H) y): both terms, one e-class."""
+        term = self._unit_heads_axis(node, arg)
+        dst = self.facts.shape(node.outputs[0])
+        if dst is None or any(d is None for d in dst):
+            return term
+        chained = self._through_views(node, tuple(dst))
+        if chained is None or term is None:
+            return chained or term
+        self.table.commands.append(f"(union {term} {chained})")
+        return term
+
+    def _negated_flag(self, value: ir.Value, to: int) -> str | None:
+        """``Cast(Not(m), float)`` as ``1 − Cast(m, float)``: a select written as arithmetic on its flags
+        (tf2onnx lowers SelectV2 to ``m·a + ¬m·b``) then reads as the product form of a mask."""
+        node = value.producer()
+        floating = ir.DataType(to).is_floating_point()
+        if node is None or node.op_type != "Not" or not floating:
+            return None
+        flag = self._arg(node.inputs[0], self._inside)
+        if flag is None:
+            return None
+        cast = self._call("cast", flag, str(to))
+        return self._call("sub", self._call("full_like", cast, float_text(1.0)), cast)
 
     def _reduce_mean(self, node: ir.Node, arg: str) -> str | None:
         """The mean over the last axis, kept (a norm's); any other reduction is not a term the rules know."""

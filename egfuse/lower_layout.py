@@ -11,6 +11,9 @@ from egfuse.dims import Dim, reshape_result
 from egfuse.lang import perm_string
 from egfuse.lower_terms import TermWriter, axes_input, quoted, times
 
+VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze"})
+"""Ops that only view their input in another shape, its elements in the same row-major order."""
+
 
 class LayoutTerms(TermWriter):
     def _einsum_permutation(self, node: ir.Node, arg: str) -> str | None:
@@ -172,6 +175,68 @@ class LayoutTerms(TermWriter):
         repeated = self._repeat_heads(node, dst)
         if repeated is not None:
             return repeated
+        return self._meaning(args[0], src, dst) or self._through_views(node, dst) or generic
+
+    def _through_views(self, node: ir.Node, dst: tuple[Dim, ...]) -> str | None:
+        """A chain of views (Reshape, Squeeze, Unsqueeze: each keeps the elements in row-major order) is one
+        Reshape of the chain's first input, so the chain's result read from that input's shape may mean what no
+        single step does: tf2onnx's Einsum unsqueezes a unit axis and then folds the batch dims,
+        (B, N, T, S) → (B, N, T, 1, S) → (B·N, T, S), which is ``merge_lead`` of the first tensor."""
+        for arg, src in self._view_origins(node.inputs[0]):
+            if src == dst:
+                return arg
+            meaning = self._meaning(arg, src, dst)
+            if meaning is not None:
+                return meaning
+        return None
+
+    def _view_origins(self, value: ir.Value):
+        """(term, shape) of each tensor ``value`` is a view of, nearest first: through views, and through a
+        Transpose of an unsqueezed tensor — which moves only a unit axis besides the others, so it is the
+        Transpose of the tensor without that axis, viewed (tf2onnx's Einsum: Unsqueeze → Transpose → Reshape)."""
+        for _ in range(4):  # the chains exporters write are short
+            producer = value.producer()
+            if producer is None or value not in self._inside:
+                return
+            if producer.op_type == "Transpose":
+                moved = self._unit_axes_moved(producer)
+                if moved is not None:
+                    yield moved
+                return
+            if producer.op_type not in VIEWS:
+                return
+            value = producer.inputs[0]
+            src = self.facts.shape(value)
+            arg = self._arg(value, self._inside)
+            if arg is not None and src and all(d is not None for d in src):
+                yield arg, tuple(src)
+
+    def _unit_axes_moved(self, transpose: ir.Node) -> tuple[str, tuple[Dim, ...]] | None:
+        """``Transpose(Unsqueeze(x, U), P)`` as ``transpose(x, P')`` (its result viewed with the unit axes put
+        back): P' is P with the unit axes U left out."""
+        unsqueeze = transpose.inputs[0].producer()
+        if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or transpose.inputs[0] not in self._inside:
+            return None
+        x = unsqueeze.inputs[0]
+        shape, axes, perm = self.facts.shape(x), axes_input(unsqueeze, self.facts), transpose.attributes.get("perm")
+        if shape is None or None in shape or axes is None or perm is None:
+            return None
+        rank = len(shape) + len(axes)
+        units = {a % rank for a in axes}
+        order = [int(a) for a in perm.value]
+        if sorted(order) != list(range(rank)):
+            return None
+        kept = [a - sum(u < a for u in units) for a in order if a not in units]
+        arg = self._arg(x, self._inside)
+        if arg is None:
+            return None
+        moved = arg if kept == sorted(kept) else self._call("transpose", arg, quoted(perm_string(kept)))
+        return moved, tuple(shape[a] for a in kept)
+
+    def _meaning(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> str | None:
+        """The layout change a reshape from ``src`` to ``dst`` performs, as a term on ``arg`` (None: none the
+        rules know)."""
+        args = [arg]
         if len(dst) == len(src) + 1 and dst[:-2] == src[:-1] and times(dst[-2], dst[-1]) == src[-1]:
             return self._call("split_heads", args[0], quoted(dst[-2]), quoted(dst[-1]))
         if len(dst) == len(src) - 1 and dst[:-1] == src[:-2] and times(src[-2], src[-1]) == dst[-1]:
@@ -204,4 +269,4 @@ class LayoutTerms(TermWriter):
                 "merge_heads", self._call("transpose", args[0], quoted("0,3,1,2")), quoted(src[1]), quoted(src[2])
             )
             return self._call("transpose", moved, quoted("0,2,1"))
-        return generic
+        return None

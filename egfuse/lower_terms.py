@@ -74,7 +74,36 @@ class TermWriter:
             self.table.leaves.add(i)
             self.table.commands.append(term)
             self._facts(value, term, leaf=True)
+            self._read_flag_cast(value, term)
         return term
+
+    def _read_flag_cast(self, value: ir.Value, term: str) -> None:
+        """A float cast of a boolean flag computed outside the region (a mask shared by every layer, which the
+        first layer's region holds) is still read as ``cast(m)`` — or ``1 − cast(m)`` behind a ``Not`` — and so
+        is such a cast times a scalar, so a select written as arithmetic on it is recognised in every layer."""
+        node = value.producer()
+        if node is None or value.dtype is None or not value.dtype.is_floating_point():
+            return
+        if node.op_type == "Mul" and len(node.inputs) == 2 and all(v is not None for v in node.inputs):
+            flags = [v for v in node.inputs if self.facts.scalar(v) is None]
+            if len(flags) == 1 and flags[0].producer() is not None and flags[0].producer().op_type == "Cast":
+                scalar = next(v for v in node.inputs if v is not flags[0])
+                product = self._call("mul", self._leaf(flags[0]), self._leaf(scalar))
+                self.table.commands.append(f"(union {term} {product})")
+            return
+        if node.op_type != "Cast":
+            return
+        source = node.inputs[0]
+        if source is None or source.dtype != ir.DataType.BOOL:
+            return
+        to = str(int(value.dtype))
+        negated = source.producer()
+        if negated is not None and negated.op_type == "Not":
+            cast = self._call("cast", self._leaf(negated.inputs[0]), to)
+            reading = self._call("sub", self._call("full_like", cast, float_text(1.0)), cast)
+        else:
+            reading = self._call("cast", self._leaf(source), to)
+        self.table.commands.append(f"(union {term} {reading})")
 
     def _facts(self, value: ir.Value, term: str, leaf: bool) -> None:
         cmds = self.table.commands

@@ -13,7 +13,13 @@
   they compose — nested selects, a select then an added mask (GPT-2/GPT-Neo eager) — through the bias
   associativity of ``commute``;
 * a mask added before the scale is a scaled mask added after it (distributivity);
-* ``Where(IsNaN(p), 0, p)`` is the NaN guard; once the mask is known finite it is the identity.
+* ``Where(IsNaN(p), 0, p)`` is the NaN guard; once the mask is known finite it is the identity;
+* a select written as arithmetic on its flag, ``m·S + (1 − m)·F`` (tf2onnx's SelectV2), is ``Where(m, S, F)``
+  for finite scores and a finite fill: ``0·S = 0`` and ``0·F = 0`` then, so each entry is S or F exactly;
+* probabilities zeroed where the same mask hid the keys — by a select or by Keras' adder ``S + (1 − m)·F`` —
+  (Keras' ``Softmax(mask)``: ``p·m``, or ``Where(m, p, 0)`` written as arithmetic by tf2onnx) change only rows
+  the mask hides entirely: a −inf mask whose fully masked rows are 0, as NeMo's guard (the opposite polarity)
+  already is. The adder otherwise stays the additive mask the graph adds: its masked scores are S + F, not F.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def rules(
     d: Tensor,
     z: Tensor,
     p: Tensor,
+    o: Tensor,
     s: f64,
     f: f64,
     g: f64,
@@ -149,3 +156,41 @@ def rules(
     )
     # A guard over a finite-masked attention never fires.
     yield rewrite(Tensor.attend_z(q, k, x, b, s, g)).to(Tensor.attend(q, k, x, b, s, g), finite(b))
+    # A select as arithmetic on its cast flag: m·S + (1 − m)·F = Where(m, S, F), and (1 − m)·S + m·F =
+    # Where(m, F, S) — for scores (finite: the graph's float inputs are) and a finite fill, either operand order.
+    for logits in (Tensor.scores(q, k, s), Tensor.softcap(Tensor.scores(q, k, s), g)):
+        kept, dropped = Tensor.cast(m, r), Tensor.sub(o, Tensor.cast(m, r))
+        for on, off, select in (
+            (kept, dropped, Tensor.where(m, logits, c)),
+            (dropped, kept, Tensor.where(m, c, logits)),
+        ):
+            for scores_term in (Tensor.mul(logits, on), Tensor.mul(on, logits)):
+                for fill_term in (Tensor.mul(off, c), Tensor.mul(c, off)):
+                    for total in (Tensor.add(scores_term, fill_term), Tensor.add(fill_term, scores_term)):
+                        yield rewrite(total).to(
+                            select, scalar_of(c) == f, f >= f64(-1.7e308), f <= f64(1.7e308), scalar_of(o) == f64(1.0)
+                        )
+    # Masked probabilities zeroed after the softmax with the same mask that hid the keys before it (Keras): by a
+    # select, or by Keras' adder S + (1 − m)·F (either operand order; the adder itself stays an additive mask).
+    guarded = Tensor.nan_to_zero(
+        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), Tensor.full_like(c, NEG_INF)))),
+        Tensor.full_like(c, 0.0),
+    )
+    adders = [Tensor.mul(Tensor.sub(o, Tensor.cast(m, r)), c), Tensor.mul(c, Tensor.sub(o, Tensor.cast(m, r)))]
+    hiding = [(Tensor.softmax(Tensor.where(m, x, c)), False)] + [
+        (Tensor.softmax(Tensor.add(x, a)), True) for a in adders
+    ]
+    for hidden, reads_one in hiding:
+        zeroed = [(Tensor.where(m, hidden, z), True, reads_one)]  # (form, has a zero, has a one)
+        for kept in (Tensor.mul(hidden, Tensor.cast(m, r)), Tensor.mul(Tensor.cast(m, r), hidden)):
+            zeroed.append((kept, False, reads_one))
+            for dropped in (
+                Tensor.mul(Tensor.sub(o, Tensor.cast(m, r)), z),
+                Tensor.mul(z, Tensor.sub(o, Tensor.cast(m, r))),
+            ):
+                zeroed += [(Tensor.add(kept, dropped), True, True), (Tensor.add(dropped, kept), True, True)]
+        for form, has_zero, has_one in zeroed:
+            facts = [scalar_of(c) == f, f <= fill, f >= f64(-1.7e308)]
+            facts += [scalar_of(z) == f64(0.0)] if has_zero else []  # a variable in no term would match any zero
+            facts += [scalar_of(o) == f64(1.0)] if has_one else []
+            yield rule(form, *facts).then(union(form).with_(guarded))
