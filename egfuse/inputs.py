@@ -65,7 +65,7 @@ def long_dims(model: onnx.ModelProto, times: int) -> dict[str, int]:
 
 def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    sizes = dict(dims or {})
+    sizes = {**_unnamed_batches(model), **(dims or {})}
     init_names = {t.name for t in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
     for inp in model.graph.input:
@@ -93,6 +93,18 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
             data = rng.integers(0, high, size=shape).astype(dtype)
         feeds[inp.name] = data
     return feeds
+
+
+def _unnamed_batches(model: onnx.ModelProto) -> dict[str, int]:
+    """The leading axis of every input whose exporter named it with an invented symbol (tf2onnx: ``unk__62`` for
+    the tokens, ``unk__63`` for their mask) is the batch, one size for all: drawn apart, the mask's batch would
+    broadcast against a batch of 1 elsewhere, a call no user makes and no fused op takes."""
+    leading = [
+        inp.type.tensor_type.shape.dim[0].dim_param
+        for inp in model.graph.input
+        if inp.type.tensor_type.shape.dim and inp.type.tensor_type.shape.dim[0].dim_param.startswith("unk__")
+    ]
+    return dict.fromkeys(leading, _DIM_SIZES["batch"]) if len(set(leading)) > 1 else {}
 
 
 WHOLE_ROW = "a row fully masked"

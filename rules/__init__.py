@@ -9,6 +9,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``precision`` — a half-precision model's float32 softmax and norms (Cast → f → Cast) are f itself
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
+* ``windows``   — a window axis before the heads (B, W, N, S, H): attention on the folded (B·W) batch
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
@@ -40,6 +41,7 @@ from egfuse.rules import (
     rotary,
     scale,
     softcap,
+    windows,
 )
 from egglog import Ruleset, unstable_combine_rulesets
 
@@ -48,6 +50,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
     "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
+    "windows": windows.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
@@ -102,4 +105,5 @@ __all__ = [
     "ruleset_for",
     "scale",
     "softcap",
+    "windows",
 ]  # fmt: skip

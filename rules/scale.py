@@ -18,7 +18,9 @@ from egfuse.lang import Tensor, dim_of, last_dim, rank_of, scalar_of, swap_last2
 
 
 @ruleset
-def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String, pk: String, r: i64, rx: i64):
+def rules(
+    q: Tensor, k: Tensor, x: Tensor, c: Tensor, b: Tensor, s: f64, f: f64, p: String, pk: String, r: i64, rx: i64
+):
     # q @ transpose(x, p) is q @ Kᵀ with K = transpose(x, p with its last two entries swapped).
     yield rule(Tensor.matmul(q, Tensor.transpose(x, p)), eq(rank_of(q)).to(i64(4)), pk == swap_last2(p)).then(
         union(Tensor.matmul(q, Tensor.transpose(x, p))).with_(Tensor.scores(q, Tensor.transpose(x, pk), 1.0))
@@ -42,12 +44,16 @@ def rules(q: Tensor, k: Tensor, x: Tensor, c: Tensor, s: f64, f: f64, p: String,
     # A factor of one that broadcasts to nothing new is no factor (torchlib writes ``add(x, y, alpha=1)`` as
     # ``x + y · 1``).
     yield rewrite(Tensor.mul(x, c)).to(x, scalar_of(c) == f64(1.0), rank_of(c) == r, rank_of(x) == rx, r <= rx)
-    # A per-head factor (1 along the rows and columns of the scores) moves onto Q.
-    yield rewrite(Tensor.mul(Tensor.scores(q, k, s), c)).to(
-        Tensor.scores(Tensor.mul(q, c), k, s),
+    # A per-head factor (1 along the rows and columns of the scores) moves onto Q — also when it scales a bias
+    # added before it (T5's position bias inside the scale): (S + b)·c = S·c + b·c.
+    per_head = (
         last_dim(c) == i64(1),
         eq(dim_of(c, i64(-2))).to(String("1")),
         rank_of(c) == r,
         rank_of(q) == rx,
         r <= rx,
+    )
+    yield rewrite(Tensor.mul(Tensor.scores(q, k, s), c)).to(Tensor.scores(Tensor.mul(q, c), k, s), *per_head)
+    yield rewrite(Tensor.mul(Tensor.add(Tensor.scores(q, k, s), b), c)).to(
+        Tensor.add(Tensor.scores(Tensor.mul(q, c), k, s), Tensor.mul(b, c)), *per_head
     )

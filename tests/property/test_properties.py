@@ -139,7 +139,10 @@ def test_softmax_over_another_axis_is_not_fused(variant, target):
 
 
 @given(variants(), st.sampled_from(["ort", "onnx"]))
-def test_a_scale_that_differs_per_head_is_not_fused(variant, target):
+def test_a_scale_that_differs_per_head_keeps_the_meaning(variant, target):
+    """A (1, N, 1, 1) factor on the logits the softmax reads: a factor of Q where nothing was added to the scores
+    before it (SwinV2's logit scale, ``rules/scale.py``); after a mask or bias it scales that too, which no rule
+    moves. Fused or not, the outputs are the original's."""
     variant = variant.replaced(heads=max(variant.heads, 2), scale="qk_mul", heads_layout="split")  # (1, N, 1, 1)
     model = attention_model(variant)
     softmax = _node(model, "Softmax")
@@ -148,7 +151,8 @@ def test_a_scale_that_differs_per_head_is_not_fused(variant, target):
     model.graph.node.append(helper.make_node("Mul", [softmax.input[0], "per_head"], ["per_head_scaled"]))
     softmax.input[0] = "per_head_scaled"
     model = topologically_sorted(model)
-    assert _near_miss(model, target, variant).report.fused == 0
+    result = _near_miss(model, target, variant)
+    assert fused_op_count(result.model, target) == result.report.fused <= 1
 
 
 @given(variants(), st.sampled_from(["ort", "onnx"]))
@@ -253,7 +257,7 @@ def _softmaxes_read_for_values(model: onnx.ModelProto) -> int:
         if name in outputs or depth > 8:
             return True
         for reader in readers.get(name, []):
-            if reader.op_type in ("IsNaN", "Where", "Cast", "Identity"):  # the guard: follow it
+            if reader.op_type in ("IsNaN", "Where", "Cast", "Identity", "Dropout"):  # guard, pass-through: follow
                 if any(read_for_values(out, depth + 1) for out in reader.output):
                     return True
             elif reader.op_type != "Shape":

@@ -1,0 +1,63 @@
+"""Attention over an extra leading (window) axis, (B, W, N, S, H) — Twins' locally grouped attention — is
+attention on the folded (B·W) batch (``rules/windows.py``): it fuses and matches the original. K and V shared
+by every window (broadcast along W) are no such attention and stay as written."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import egfuse
+from egfuse.testing import disagreements
+
+from .conftest import fused_op_count
+
+B, W, N, S, H = 2, 3, 2, 4, 8
+
+
+def _windowed(kv_windows: int = W) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "scale"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["y"], perm=[0, 1, 3, 2, 4]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", W, N, S, H]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, ["batch", kv_windows, N, S, H]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", kv_windows, N, S, H]),
+    ]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [1 / np.sqrt(H)])
+    graph = helper.make_graph(
+        nodes, "windows", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [scale]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(kv_windows: int = W) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "q": rng.standard_normal((B, W, N, S, H)).astype(np.float32),
+        "k": rng.standard_normal((B, kv_windows, N, S, H)).astype(np.float32),
+        "v": rng.standard_normal((B, kv_windows, N, S, H)).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_windowed_attention_fuses_on_the_folded_batch(target: str):
+    model, feeds = _windowed(), _feeds()
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert fused_op_count(result.model, target) == 1
+    assert not disagreements(model, result.model, feeds)
+
+
+def test_keys_shared_by_every_window_are_not_folded():
+    model, feeds = _windowed(kv_windows=1), _feeds(kv_windows=1)
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 0, str(result.report)
+    assert not disagreements(model, result.model, feeds)
