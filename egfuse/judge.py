@@ -43,6 +43,13 @@ def judge(
     except Exception as err:
         # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
+        if _does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
+            report.validation_note = (
+                f"nothing applied: the original model does not load on this onnxruntime ({short(err)}), so no fused "
+                "region can be proven against it; whatever the inputs, skipping the check (validate=False / "
+                "--no-validate) is the only way to apply one"
+            )
+            return dict.fromkeys(entries, ("not validated (the original does not load on onnxruntime)", float("nan")))
         if feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
             report.validation_note = (
                 f"nothing applied: the original model does not run on the given feeds ({short(err)}); check their "
@@ -291,3 +298,12 @@ def upstream_only(
 def short(err: BaseException) -> str:
     text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return text[:300]
+
+
+def _does_not_load(err: Exception) -> bool:
+    """onnxruntime refused the graph when making the session (an op it has no kernel for, an invalid graph),
+    not the inputs when running it."""
+    text = str(err)
+    return any(
+        sign in text for sign in ("Load model", "NOT_IMPLEMENTED", "INVALID_GRAPH", "Could not find an implementation")
+    )

@@ -48,3 +48,23 @@ def test_a_symbolic_dim_with_a_call_binds_to_its_value():
     assert evaluate("open(s)", {"s": 3}.__getitem__) is None  # no call but the arithmetic ones
     assert bind(Dim.parse("Max(0, -1*s + 1)"), {"s": 7}) == 1  # a dim is at least 1
     assert bind(Dim.parse("s + 2"), {"s": 7}) == 9
+
+
+def test_an_original_onnxruntime_cannot_load_is_named_so_not_its_feeds():
+    """Falcon's dynamo exports (torch 2.8, 2.9) hold a Mul no onnxruntime kernel takes: the report says the model
+    does not load — no feeds would help — instead of asking the user to check the feeds' shapes."""
+    from onnx import TensorProto, helper
+
+    from egfuse.testing import Variant, attention_model, feeds_for
+
+    model = attention_model(Variant())
+    feeds = feeds_for(model, seed=0)
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [2])
+    model.graph.input.append(flag)
+    model.graph.node.append(helper.make_node("Mul", ["flag", "flag"], ["flag_squared"]))  # no bool Mul kernel
+    model.graph.output.append(helper.make_tensor_value_info("flag_squared", TensorProto.BOOL, [2]))
+    feeds["flag"] = np.array([True, False])
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 0
+    assert "does not load on this onnxruntime" in result.report.validation_note, result.report.validation_note
+    assert "check their shapes" not in result.report.validation_note
