@@ -188,6 +188,11 @@ class Tensor(Expr):
         """(A·second, …) → (A, second, …): the inverse of ``merge_lead``."""
 
     @classmethod
+    def tile_lead(cls, m: Tensor, like: Tensor, second: StringLike) -> Tensor:
+        """A (1, second, …) tensor repeated over the batch that ``like`` (B·second, …) folds in: (B·second, …)
+        with row b·second + w equal to m[0, w] — a per-window mask made a mask of the folded batch (Swin)."""
+
+    @classmethod
     def repeat_heads(cls, a: Tensor, times: StringLike) -> Tensor:
         """(B, N, T, H) → (B, N·times, T, H), each head repeated ``times`` times in place: GQA/MQA's repeat_kv."""
 

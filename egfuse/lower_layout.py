@@ -168,6 +168,16 @@ class LayoutTerms(TermWriter):
         spec = self.facts.reshape_spec(node)
         allowzero = bool(node.attributes["allowzero"].value) if "allowzero" in node.attributes else False
         dst = reshape_result(src, spec, allowzero) if spec is not None else self.facts.shape(node.outputs[0])
+        if (
+            dst is not None
+            and spec is not None
+            and len(spec) == len(src) + 1
+            and spec[0] == -1
+            and dst[1] is not None
+            and dst[1].static
+            and tuple(dst[2:]) == tuple(src[1:])
+        ):  # (-1, W, …the rest of src): W split off the leading dim, whatever the quotient's name (a Reshape
+            return self._call("split_lead", args[0], quoted(dst[1]))  # that runs divides it exactly)
         if dst is None or any(d is None for d in dst):
             return generic
         if src == dst:

@@ -296,6 +296,17 @@ class Emitter(MaskWriter):
             )
             target = self.node("Concat", [batch, self.const(np.array([-1], np.int64), "minus_one"), tail], {"axis": 0})
             return self.node("Reshape", [wide, target], like=x)
+        if op == "tile_lead":  # Tile(Squeeze(m, 0), (B, 1, …)) with B = like's folded batch / second
+            m, like, second = self.value(a.m), self.value(a.like), int(a.second)
+            rank = self.rank(a.m, m)
+            squeezed = self.node("Squeeze", [m, self.const(np.array([0], np.int64), "axes")], like=m)
+            folded = self.node(
+                "Slice", [self.node("Shape", [like]), self.const(np.array([0], np.int64), "at"),
+                          self.const(np.array([1], np.int64), "to")],
+            )  # fmt: skip
+            batch = self.node("Div", [folded, self.const(np.array([second], np.int64), "windows")])
+            ones = self.const(np.ones(rank - 2, np.int64), "ones")
+            return self.node("Tile", [squeezed, self.node("Concat", [batch, ones], {"axis": 0})], like=m)
         if op in ("merge_lead", "split_lead"):
             x = self.value(a.a)
             shape = self.shape(x, 2 if op == "merge_lead" else 1)

@@ -137,6 +137,9 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         if last is None:
             return None
         return (*kids[0][:-1], last.div(Dim(2)) if op == "strided" else _mul(last, Dim(2)))
+    if op == "tile_lead":
+        m, like = kids[0], kids[1]
+        return (like[0], *m[2:]) if len(m) >= 2 and like else None
     if op == "repeat_heads":
         return (kids[0][0], _mul(kids[0][1], Dim.parse(a.times)), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):

@@ -4,7 +4,8 @@
 
 The text between each pair of markers (``<!-- results:start -->``/``<!-- results:end -->``: coverage, speed
 and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases; ``variants``: the
-spelling space; ``reproduce``: how long reproduce.sh took) is replaced; nothing else is touched. The plots the
+spelling space; ``producers``: coverage on Keras, timm and open_clip exports; ``reproduce``: how long
+reproduce.sh took) is replaced; nothing else is touched. The plots the
 paper shows are copied into paper/figures/. tests/test_paper.py fails when the committed text differs from what
 this would write.
 """
@@ -136,6 +137,42 @@ def drift() -> str:
     )
 
 
+PRODUCERS_START, PRODUCERS_END = "<!-- producers:start -->", "<!-- producers:end -->"
+PRODUCER_NAMES = {
+    "keras_tf2onnx": "Keras 3 → tf2onnx", "keras_export": "Keras 3 → `model.export`", "timm": "timm",
+    "open_clip": "open_clip",
+}  # fmt: skip
+
+
+def producers() -> str:
+    """Coverage per producer and exporter, every tool, from ``producers_coverage.json`` (drift_coverage's format)."""
+    path = RESULTS / "producers_coverage.json"
+    if not path.exists():
+        return "(run `python experiments/drift_coverage.py --corpus tests/data/producers --name producers_coverage`)\n"
+    data = json.loads(path.read_text())
+    tools, rows = data["tools"], data["rows"]
+
+    def cell(chosen: list[dict]) -> str:
+        expected = sum(r["expected"] for r in chosen)
+        good = sum(r["correct_blocks"] for r in chosen)
+        return f"{100 * good / expected:.0f}% ({good}/{expected})" if expected else "—"
+
+    groups = sorted({(r["stack"], r["exporter"]) for r in rows}, key=lambda g: (list(PRODUCER_NAMES).index(g[0]), g[1]))
+    lines = ["| producer | exporter | " + " | ".join(tools) + " |", "|---|---|" + "---|" * len(tools)]
+    for stack, exporter in groups:
+        cells = [
+            cell([r for r in rows if (r["stack"], r["exporter"], r["tool"]) == (stack, exporter, t)]) for t in tools
+        ]
+        lines.append(f"| {PRODUCER_NAMES.get(stack, stack)} | {exporter} | " + " | ".join(cells) + " |")
+    lines.append("| **all** | | " + " | ".join(cell([r for r in rows if r["tool"] == t]) for t in tools) + " |")
+    failed = len(data["failed_exports"])
+    return (
+        f"Blocks fused **and** correct on {len({r['file'] for r in rows})} exports from producers other than "
+        f"transformers + torch.onnx ({failed} exports the producers themselves could not make are not counted; "
+        "`experiments/results/producers_coverage.md` lists them and every reason):\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def variant_space() -> str:
     """The size of the spelling space and each tool's coverage of a uniform sample, from ``variant_space.json``."""
     path = RESULTS / "variant_space.json"
@@ -256,6 +293,7 @@ def sections() -> list[tuple[str, str, str]]:
         (COUNTS_START, COUNTS_END, counts()),
         (DRIFT_START, DRIFT_END, drift()),
         (VARIANTS_START, VARIANTS_END, variant_space()),
+        (PRODUCERS_START, PRODUCERS_END, producers()),
         (REPRODUCE_START, REPRODUCE_END, reproduce_times()),
     ]
 

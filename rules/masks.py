@@ -177,15 +177,18 @@ def rules(
                         yield rewrite(total).to(select, *facts, *([finite(b)] if has_bias else []))
     # Masked probabilities zeroed after the softmax with the same mask that hid the keys before it (Keras): by a
     # select, or by Keras' adder S + (1 − m)·F (either operand order; the adder itself stays an additive mask).
-    guarded = Tensor.nan_to_zero(
-        Tensor.softmax(Tensor.add(x, Tensor.where(m, Tensor.full_like(c, 0.0), Tensor.full_like(c, NEG_INF)))),
-        Tensor.full_like(c, 0.0),
-    )
+    hidden_inf = Tensor.where(m, Tensor.full_like(c, 0.0), Tensor.full_like(c, NEG_INF))
+    zero_like = Tensor.full_like(c, 0.0)
     adders = [Tensor.mul(Tensor.sub(o, Tensor.cast(m, r)), c), Tensor.mul(c, Tensor.sub(o, Tensor.cast(m, r)))]
-    hiding = [(Tensor.softmax(Tensor.where(m, x, c)), False)] + [
-        (Tensor.softmax(Tensor.add(x, a)), True) for a in adders
+    # (softmax that hid the keys, it reads a one, the guarded attention it is). Not with a term added after the
+    # select (a causal mask): a row whose kept keys that term hides with a finite fill weighs the select's keys in
+    # the graph (then zeroed) but the kept ones in a −inf mask.
+    guarded = Tensor.nan_to_zero(Tensor.softmax(Tensor.add(x, hidden_inf)), zero_like)
+    hiding = [
+        (Tensor.softmax(Tensor.where(m, x, c)), False, guarded),
+        *[(Tensor.softmax(Tensor.add(x, a)), True, guarded) for a in adders],
     ]
-    for hidden, reads_one in hiding:
+    for hidden, reads_one, guarded in hiding:
         zeroed = [(Tensor.where(m, hidden, z), True, reads_one)]  # (form, has a zero, has a one)
         for kept in (Tensor.mul(hidden, Tensor.cast(m, r)), Tensor.mul(Tensor.cast(m, r), hidden)):
             zeroed.append((kept, False, reads_one))
@@ -199,3 +202,8 @@ def rules(
             facts += [scalar_of(z) == f64(0.0)] if has_zero else []  # a variable in no term would match any zero
             facts += [scalar_of(o) == f64(1.0)] if has_one else []
             yield rule(form, *facts).then(union(form).with_(guarded))
+    # A guard over a guard: its NaN rows are 0 already.
+    twice = Tensor.nan_to_zero(Tensor.nan_to_zero(p, z), x)
+    yield rule(twice, scalar_of(z) == f64(0.0), scalar_of(x) == f64(0.0)).then(
+        union(twice).with_(Tensor.nan_to_zero(p, z))
+    )

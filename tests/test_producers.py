@@ -37,10 +37,6 @@ _TALKING_HEADS = (
     "talking-heads attention mixes the heads by a linear map before and after the softmax: no attention "
     "op computes it (the class-attention block fuses)"
 )
-_SHIFTED = (
-    "shifted windows: the mask is added to the scores reshaped to (B, windows, heads, N, N) and folded "
-    "back; as a mask of the fused op it must be tiled over the batch, which egfuse cannot write yet"
-)
 _WINDOWS_SYMBOLIC = (
     "locally grouped (rank-5) attention over a symbolic number of windows: the folded batch "
     "cannot be split again without the count (the dynamo export, with a number, fuses)"
@@ -52,7 +48,6 @@ KNOWN_GAPS: dict[str, tuple[int, str]] = {
     "gemma_backbone.tf2onnx.onnx": (0, _GQA_5D),
     "gemma3_backbone.tf2onnx.onnx": (0, _GQA_5D),
     **{f"cait_{a}.{e}.onnx": (1, _TALKING_HEADS) for a in ("eager", "fused") for e in ("torchscript", "dynamo")},
-    **{f"{m}_eager.{e}.onnx": (2, _SHIFTED) for m in ("swin", "swinv2") for e in ("torchscript", "dynamo")},
     "twins_eager.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),
     "twins_fused.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),
     **{f"coat_eager.{e}.onnx": (0, _FACTORIZED) for e in ("torchscript", "dynamo")},

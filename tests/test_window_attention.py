@@ -61,3 +61,59 @@ def test_keys_shared_by_every_window_are_not_folded():
     result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert result.report.fused == 0, str(result.report)
     assert not disagreements(model, result.model, feeds)
+
+
+def _shifted(mask_batch: int | str = 1) -> onnx.ModelProto:
+    """Swin's shifted windows: scores on the folded (B·W) batch, a per-window mask added to them viewed as
+    (B, W, N, S, S), folded back, softmax, ·V."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "scale"], ["s"]),
+        helper.make_node("Reshape", ["s", "per_window"], ["s5"]),
+        helper.make_node("Add", ["s5", "mask"], ["masked5"]),
+        helper.make_node("Reshape", ["masked5", "folded"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    folded = ["batch_windows", N, S, H]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, folded) for n in "qkv"]
+    inits = [
+        helper.make_tensor("scale", TensorProto.FLOAT, [], [1 / np.sqrt(H)]),
+        helper.make_tensor("per_window", TensorProto.INT64, [5], [-1, W, N, S, S]),
+        helper.make_tensor("folded", TensorProto.INT64, [4], [-1, N, S, S]),
+    ]
+    if mask_batch == 1:  # a stored (1, W, 1, S, S) buffer of 0 and −100, as timm builds it
+        rng = np.random.default_rng(1)
+        values = np.where(rng.random((1, W, 1, S, S)) < 0.3, -100.0, 0.0).astype(np.float32)
+        inits.append(helper.make_tensor("mask", TensorProto.FLOAT, values.shape, values.reshape(-1)))
+    else:  # a mask per batch row and window: no tiling makes it one
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [mask_batch, W, 1, S, S]))
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "shifted", inputs, [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _shifted_feeds(mask_batch: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((B * W, N, S, H)).astype(np.float32) for n in "qkv"}
+    if mask_batch != 1:
+        feeds["mask"] = np.where(rng.random((B, W, 1, S, S)) < 0.3, -100.0, 0.0).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_per_window_mask_is_a_mask_of_the_folded_batch(target: str):
+    model, feeds = _shifted(), _shifted_feeds()
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert fused_op_count(result.model, target) == 1
+    assert "Tile" in {n.op_type for n in result.model.graph.node}
+    assert not disagreements(model, result.model, feeds)
+
+
+def test_a_mask_per_batch_row_is_not_tiled():
+    model, feeds = _shifted(mask_batch="batch"), _shifted_feeds(mask_batch=B)
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert "Tile" not in {n.op_type for n in result.model.graph.node}
+    assert not disagreements(model, result.model, feeds)

@@ -184,7 +184,7 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     if v.mask.startswith("additive"):
         inputs.append(helper.make_tensor_value_info("mask", onnx_type, dims))
         mask = "mask"
-    elif v.mask.startswith("where"):
+    elif v.mask.startswith("where") or v.mask == "keras_select":
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, dims))
         mask = "mask"
     elif v.mask == "padding_int":  # HF eager: (1 - mask[:, None, None, :].float()) * finfo.min
@@ -258,6 +258,10 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
         elif v.mask in ("where_neginf", "where_finfo"):
             fill = -np.inf if v.mask == "where_neginf" else np.finfo(np_type).min
             s = b.op("Where", [mask, s, scalar(fill, "fill")])
+        elif v.mask == "keras_select":  # tf2onnx's SelectV2(m, S, F) as arithmetic: m·S + ¬m·F
+            keep, hide = (b.op("Cast", [flag], to=onnx_type) for flag in (mask, b.op("Not", [mask])))
+            fill = scalar(-1e4 if v.dtype == "float16" else -1e9, "fill")
+            s = b.op("Add", [b.comm("Mul", keep, s), b.comm("Mul", fill, hide)])
         elif v.mask == "where_reversed":  # mask True = masked out
             inverted = b.op("Not", [mask])
             s = b.op("Where", [inverted, scalar(-1e4 if v.dtype == "float16" else -1e9, "fill"), s])
@@ -271,6 +275,8 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     p = b.op("Softmax", [s], axis=-1)
     if v.dtype == "float16":
         p = b.op("Cast", [p], to=onnx_type)
+    if v.zeroed:  # Keras' Softmax(mask): the probabilities of hidden keys zeroed with the same mask
+        p = b.comm("Mul", p, b.op("Cast", [mask], to=onnx_type))
     if v.guard:
         p = b.op("Where", [b.op("IsNaN", [p]), scalar(0.0, "zero"), p])
     p = _dropout(b, v, p)

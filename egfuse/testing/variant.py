@@ -15,7 +15,8 @@ K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
 
 
 MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
-         "where_reversed", "padding_int")  # fmt: skip
+         "where_reversed", "padding_int", "keras_select")  # fmt: skip
+"""``keras_select``: a boolean mask applied as tf2onnx writes Keras' ``where``: ``Cast(m)·S + F·Cast(¬m)``."""
 
 
 CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
@@ -92,6 +93,7 @@ class Variant:
     k_layout: str = "transpose_0231"
     mask: str = "additive"
     guard: bool = False  # Where(IsNaN(p), 0, p) after the softmax
+    zeroed: bool = False  # Keras: the probabilities times Cast(mask) (where_finfo, keras_select; split heads)
     commuted: bool = False  # swap the operands of every commutative Mul/Add
     proj_bias: bool = True
     heads: int = 2
@@ -123,6 +125,13 @@ class Variant:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.zeroed and (
+            self.mask not in ("where_finfo", "keras_select")
+            or self.heads_layout != "split"
+            or self.causal != "none"
+            or self.clamp
+        ):
+            raise ValueError("probabilities are zeroed with a boolean mask that hid the keys, on split heads")
         kv = self.kv_heads or self.heads
         if self.heads % kv:
             raise ValueError(f"kv_heads={kv} does not divide heads={self.heads}")
@@ -223,6 +232,20 @@ def _compatible(choices: dict) -> dict:
         c["causal"] = "trilu"  # the buffer is sliced by Kᵀ's shape: split heads' MatMul scores only
     if c.get("dtype", "float32") != "float32":
         c["qdq"] = "none"
+    if c["mask"] == "keras_select" and (
+        layout != "split" or c.get("query_bias", "none") != "none" or c.get("position_bias")
+    ):
+        # Known gaps: the select as arithmetic over rank-3 scores (heads folded or single) is not read — the
+        # products would have to split through each elementwise op; Keras' graphs keep the heads axis — and over
+        # scores plus a bias egfuse cannot prove finite (0·bias is a select's 0 only for a finite bias).
+        c["mask"] = "where_finfo"
+    if c.get("zeroed") and (
+        c["mask"] not in ("where_finfo", "keras_select") or layout != "split" or c["causal"] != "none" or c.get("clamp")
+    ):
+        # zeroed with the boolean mask that hid the keys, on (B, N, S, T) probabilities; a causal term added after
+        # the select makes it no identity (rules/masks.py), Keras combines the two masks before it; OPT's clamp
+        # between the select and the softmax is not read under the zeroing (Keras never clamps)
+        c["zeroed"] = False
     if c["scale"] == "per_head" and (
         layout != "split" or c.get("query_bias", "none") != "none" or c["mask"] == "additive_before_scale"
     ):  # a (N, 1, 1) factor scales split heads' (B, N, S, T) scores, nothing added before it
@@ -247,6 +270,7 @@ AXES: dict[str, tuple] = {
     "k_layout": K_LAYOUTS,
     "mask": MASKS,
     "guard": (False, True),
+    "zeroed": (False, True),
     "commuted": (False, True),
     "proj_bias": (False, True),
     "heads": (1, 2, 4),
