@@ -101,7 +101,10 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
     for _ in range(8):
         # A Shape reading the probabilities only needs their shape (TorchScript's reshape bookkeeping), a
         # CastLike taking them as its "like" operand only their dtype (torch 2.1's masked_fill casts its fill so).
-        users = [use.node for use in value.uses() if not reads_type_only(use.node, value)]
+        # Users in a nested graph (an If branch reading the probabilities) are not steps of this graph's flow.
+        users = [
+            use.node for use in value.uses() if not reads_type_only(use.node, value) and use.node.graph is softmax.graph
+        ]
         matmuls = [n for n in users if n.op_type in ("MatMul", "Einsum") and value in n.inputs]
         if len(matmuls) == 1 and len(users) == 1:
             chain.append(matmuls[0])
@@ -199,6 +202,7 @@ def find_regions(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node] | Non
             starts.extend(v for v in n.inputs if v is not None and v.producer() not in forward)
         members = _backward(starts, claimed) | {node} | set(forward)
         members -= claimed
+        members &= order.keys()  # a node of a nested graph (an If branch) is never a member
         claimed |= members
         region = Region(index=len(regions), softmax=node, nodes=sorted(members, key=order.__getitem__))
         tail = forward[-1] if forward else node
