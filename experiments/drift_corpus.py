@@ -49,23 +49,44 @@ DEFAULT_OUT = ROOT / "tests" / "data" / "drift"
 DEFAULT_ENVS = Path("/root/.cache/egfuse-drift/envs")
 
 
-def _pins(transformers: str, torch: str, onnx: str, onnxscript: str, numpy: str = "") -> dict[str, str]:
-    return {"transformers": transformers, "torch": torch, "onnx": onnx, "onnxscript": onnxscript, "numpy": numpy}
+def _pins(transformers: str, torch: str, onnx: str, onnxscript: str, numpy: str = "", **extra: str) -> dict[str, str]:
+    """``extra``: transitive dependencies held to the stack's month (``protobuf="<6.30"``); written as ranges, never
+    bare versions, so that ``_matches`` (which compares bare versions only) does not look them up."""
+    pins = {"transformers": transformers, "torch": torch, "onnx": onnx, "onnxscript": onnxscript, "numpy": numpy}
+    return {**pins, **{name.replace("_", "-"): pin for name, pin in extra.items()}}
 
 
 STACKS: dict[str, dict[str, str]] = {  # pip requirement per package; month = release month of the pair
     "2023-12": _pins("4.36.2", "2.1.2", "1.15.0", "0.1.0.dev20231213", "<2"),
+    "2024-04": _pins("4.39.3", "2.2.2", "1.16.0", "0.1.0.dev20240402", "<2", protobuf="<5.27"),
     "2024-06": _pins("4.42.4", "2.3.1", "1.16.1", "0.1.0.dev20240615", "<2"),
+    "2024-09": _pins("4.45.1", "2.4.1", "1.16.2", "0.1.0.dev20240926", "<2", protobuf="<5.29"),
     "2025-01": _pins("4.48.1", "2.5.1", "1.17.0", "0.1.0", "<2"),
+    "2025-02": _pins("4.49.0", "2.6.0", "1.17.0", "0.2.0", "<2", protobuf="<6.30"),
     "2025-07": _pins("4.53.2", "2.7.1", "1.18.0", "0.2.7"),
+    "2025-08": _pins("4.55.4", "2.8.0", "1.18.0", "0.4.0", protobuf="<6.33", onnx_ir="<0.1.8"),
+    "2025-11": _pins("4.57.3", "2.9.1", "1.19.1", "0.5.6", protobuf="<6.34", onnx_ir="<0.1.13"),
     "2026-03": _pins("5.3.0", "2.10.0", "1.20.1", "0.6.2"),
+    "2026-04": _pins("5.5.4", "2.11.0", "1.21.0", "0.7.0", protobuf="<7.35", onnx_ir="<1"),
+    "2026-07": _pins("5.13.1", "2.12.1", "1.22.0", "0.7.1", protobuf="<7.36", onnx_ir="<1"),
     "2026-11": _pins("5.23.0", "2.13.0", "", "0.7.2"),
 }  # fmt: skip
 """onnxscript before 0.1.0 shipped only as dated dev builds: the one of the stack's month (torch's dynamo exporter
 of that time fails on later ones, e.g. 'Unsupported FX nodes: aten.rsub.Scalar' with torch 2.3 + onnxscript 0.1.0);
 torch 2.7.1 exports nothing with onnxscript 0.3.2 ('The version conversion pass does not support functions') and
-works with 0.2.7."""
-ORDER = ["2024-06", "2023-12", "2025-01", "2025-07", "2026-03", "2026-11"]
+works with 0.2.7.
+
+One stack per torch minor release: torch's last patch release of the minor, paired with the first transformers
+minor released after it (its last patch, within about two months), the onnx and onnxscript of that month; the
+stack is named by the month of the later of the two. 2.11 pairs with transformers 5.5 (April 2026), not 5.4 (March),
+whose month 2026-03 is already torch 2.10's. The stacks added in November 2026 (2024-04, 2024-09, 2025-02, 2025-08,
+2025-11, 2026-04, 2026-07) also hold protobuf and onnx-ir to their month: with today's protobuf 7, onnxscript up to
+0.4 fails to serialize ('Field onnx.AttributeProto.i: Expected an int, got a boolean' — the 2025-01 and 2025-07
+stacks lose most dynamo exports to it), and onnxscript 0.4.0 with onnx-ir 1.x exports nothing ('The model contains
+functions. The version conversion pass does not support functions'). The manifest records the five main packages
+only; the pins here say which protobuf / onnx-ir a stack had."""
+ORDER = ["2024-06", "2023-12", "2025-01", "2025-07", "2026-03", "2026-11",
+         "2025-02", "2025-08", "2025-11", "2024-09", "2024-04", "2026-04", "2026-07"]  # fmt: skip
 """Build order: the older stacks first (that is where fusion fails)."""
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, VOCAB, INTER = 32, 4, 2, 2, 99, 37
@@ -388,7 +409,8 @@ def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], axe
 
 def _export_opset(model, args: tuple, path: Path, names: list[str], outputs: list[str], extra: dict) -> str | None:
     """``torch.onnx.export(dynamo=True)`` at opset 18; at the release's own opset where converting to 18 fails
-    (torch 2.7 with onnxscript 0.3: 'The version conversion pass does not support functions')."""
+    (torch 2.7 with onnxscript 0.3: 'The version conversion pass does not support functions'; from onnxscript 0.4
+    that message is the cause of a generic ``PassError``, hence the walk down the causes)."""
     import torch
 
     common = {"input_names": names, "output_names": outputs, "dynamo": True, **extra}
@@ -396,7 +418,10 @@ def _export_opset(model, args: tuple, path: Path, names: list[str], outputs: lis
         torch.onnx.export(model, args, str(path), opset_version=18, **common)
         return None
     except Exception as err:
-        if "version conversion" not in str(err):
+        cause: BaseException | None = err
+        while cause is not None and "version conversion" not in str(cause):
+            cause = cause.__cause__
+        if cause is None:
             raise
     torch.onnx.export(model, args, str(path), **common)
     return "the exporter's default opset (conversion to 18 fails on functions)"
@@ -448,8 +473,8 @@ def export(spec: Spec, impl: str, exporter: str, out_dir: Path) -> Entry:
             try:
                 with torch.no_grad():
                     wrapper(*args)
-            except ValueError as err:
-                if "Cache" not in str(err):
+            except (ValueError, AttributeError) as err:  # 4.48/4.49 llama: "'tuple' … no attribute 'get_seq_length'"
+                if "Cache" not in str(err) and "get_seq_length" not in str(err):
                     raise
                 wrapper.cache_object = True
         axes = {n: _dynamic_axes(n, feeds[n], spec.past) for n in names}

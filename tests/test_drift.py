@@ -30,6 +30,18 @@ KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 """(stack, file, target) → why it does not fuse yet: run as strict xfail, so a gap that closes fails until it is
 removed here."""
 
+_OLD_DYNAMO_FUNCTIONS = (
+    "torch.onnx.dynamo_export of torch 2.2/2.4 writes every module as a model-local function (20-70 a model): "
+    "after egfuse inlines them, some graphs no longer load (an Expand typed float where int64 is expected, a "
+    "Concat of mixed ranks) or hide the scores behind a Slice and SequenceAt — issue 34 item 6, open"
+)
+KNOWN_EXPORTER_GAPS: dict[tuple[str, str], str] = {
+    ("2024-04", "dynamo"): _OLD_DYNAMO_FUNCTIONS,
+    ("2024-09", "dynamo"): _OLD_DYNAMO_FUNCTIONS,
+}
+"""(stack, exporter) → why some of its exports do not fuse yet: a non-strict xfail (most of them do fuse), so the
+numbers live in experiments/results/drift_coverage_new.md, not here."""
+
 
 def _entries() -> list[tuple[Path, dict]]:
     return [
@@ -51,6 +63,9 @@ def _cases() -> list:
         gap = KNOWN_GAPS.get((stack.name, entry["file"], target))
         if gap:
             marks.append(pytest.mark.xfail(reason=gap, strict=True))
+        exporter_gap = KNOWN_EXPORTER_GAPS.get((stack.name, entry["exporter"]))
+        if exporter_gap:
+            marks.append(pytest.mark.xfail(reason=exporter_gap, strict=False))
         cases.append(pytest.param(stack, entry, target, marks=marks, id=f"{stack.name}-{target}-{entry['file']}"))
     return cases
 
