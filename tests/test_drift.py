@@ -3,7 +3,7 @@ releases (`experiments/drift_corpus.py`, committed under tests/data/drift/<stack
 every export fuses on both targets, validated by egfuse's own generated inputs (as `experiments/compare.py`
 measures coverage), and the result matches the original on the inputs the export was made with.
 
-Each export runs on one target, alternating; the fast suite runs one in forty (most stacks, both
+Each export runs on one target, alternating; the fast suite runs one in sixty (most stacks, both
 exporters and targets among them), the slow suite (`-m slow`, which CI runs) the rest. An export onnxruntime
 itself cannot run (an exporter bug: Falcon's complex128 rotary tables in TorchScript) must come back unchanged:
 nothing can be proven on it.
@@ -54,12 +54,12 @@ def _entries() -> list[tuple[Path, dict]]:
 
 def _cases() -> list:
     """Each export once, the targets alternating (both targets' coverage of every export is measured by
-    experiments/drift_coverage.py); one case in forty in the fast suite (thirteen stacks of a hundred exports),
+    experiments/drift_coverage.py); one case in sixty in the fast suite (thirteen stacks of a hundred exports),
     the rest slow."""
     cases = []
     for i, (stack, entry) in enumerate(_entries()):
         target = ("ort", "onnx")[i % 2]
-        marks = [] if i % 80 in (0, 41) else [pytest.mark.slow]
+        marks = [] if i % 120 in (0, 61) else [pytest.mark.slow]
         gap = KNOWN_GAPS.get((stack.name, entry["file"], target))
         if gap:
             marks.append(pytest.mark.xfail(reason=gap, strict=True))

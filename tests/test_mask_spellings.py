@@ -79,7 +79,7 @@ def test_a_select_fill_alone_is_still_moved_for_the_standard_op():
     assert "Equal" not in [n.op_type for n in result.model.graph.node]
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(max_examples=20, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(variants())
 def test_drawn_spellings_keep_left_padded_rows(variant):
     """Every drawn spelling, fed a left-padded batch (fully masked query rows under a causal mask). Masks that
