@@ -79,21 +79,9 @@ class Spec:
 
 
 @dataclass
-class Entry:
-    """A manifest row (the drift corpus's fields, plus the check against the framework)."""
+class Entry(drift_corpus.Entry):
+    """A drift-corpus manifest row, plus the check against the framework."""
 
-    name: str
-    exporter: str
-    file: str | None
-    blocks: int
-    flavour: list[str]
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inputs: dict[str, dict] = field(default_factory=dict)
-    error: str | None = None
-    export_seconds: float = 0.0
-    note: str | None = None
     framework_max_abs_diff: float | None = None
     attention_modules: dict[str, int] = field(default_factory=dict)  # class → calls, from the forward hooks
 
