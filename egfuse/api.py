@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from egfuse import functions, progress, protos, well_formed
+from egfuse import functions, progress, protos, runner, well_formed
 from egfuse import validate as validate_  # ``validate`` is fuse()'s switch
 from egfuse.dims import integer_text_dims
 from egfuse.errors import EgfuseError, FeedsError
@@ -111,12 +111,29 @@ def fuse(
     examined = {r.softmax for r in report.regions}  # If branches on known conditions were folded into the graph
     report.unexamined = [u for u in functions.softmaxes_in_subgraphs(searched) if u.split(": ")[-1] not in examined]
     if checker_note:
-        report.notes.append(checker_note)
+        report.notes.append(_unloadable_note(loaded, report, searched) or checker_note)
     report.notes.extend(_provider_notes(priced, providers))
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:
         _sign(fused_proto)
     return FuseResult(fused_proto, report, loaded.external_data, loaded.files)
+
+
+def _unloadable_note(loaded: LoadedModel, report: Report, searched: onnx.ModelProto) -> str | None:
+    """Where onnx's checker rejected a model whose functions egfuse inlined and validated: whether onnxruntime
+    loads the model as given. torch 2.4's dynamo exporter writes functions listing one output twice, which
+    onnxruntime refuses at load; inlined (a call is its body, by ONNX's definition) the graph loads, and the
+    fused model was proven against that graph — the report must say that it is not the model as given."""
+    if not report.validated or searched is loaded.proto:
+        return None
+    try:
+        runner.session(loaded.proto)
+    except Exception as err:  # onnxruntime refuses the model as written
+        return (
+            f"onnxruntime does not load the model as given ({short(err)}); with its local functions inlined it "
+            "does, and the fused model was validated against that inlined graph (a function call is its body)"
+        )
+    return None
 
 
 def _provider_notes(priced: bool, providers: tuple[str, ...]) -> list[str]:
@@ -178,6 +195,7 @@ def _fuse_through_functions(
     fused_proto, report = _fuse_loaded(
         replace(loaded, proto=full.proto), chosen, validate, feeds, budgets, full.origins
     )
+    _blame_the_inlining(loaded, feeds, report)
     total = len(full.inlined)
     if not report.changed:
         report.functions = {"inlined": [], "kept": full.inlined}
@@ -215,6 +233,29 @@ def _fuse_through_functions(
     report.functions = {"inlined": full.inlined, "kept": []}
     report.notes.append(f"all {total} of the model's local functions were inlined: {why_all}")
     return fused_proto, report, full.proto
+
+
+def _blame_the_inlining(loaded: LoadedModel, feeds: dict | None, report: Report) -> None:
+    """Where validation found that "the original" — the inlined graph egfuse searched — does not load or run,
+    ask the model as the user gave it: if that runs, the fault is egfuse's inlining, and the report says so
+    instead of blaming the model or the feeds (the model is returned unchanged either way)."""
+    note = report.validation_note or ""
+    if report.validated is not None or not note.startswith("nothing applied: the original model does not"):
+        return
+    try:
+        validate_.original_outputs(loaded.proto, feeds, [])
+    except Exception:  # the model itself does not run: the note stands
+        return
+    cause = note.split("(", 1)[1].rsplit(")", 1)[0] if "(" in note else note
+    report.validation_note = (
+        "nothing applied: the graph egfuse made by inlining the model's local functions does not run on "
+        f"onnxruntime ({cause}), although the model as given does — a fault in egfuse's inlining, not in the "
+        "model or the inputs; the model is returned as it came (please report it, with the model)"
+    )
+    reason = "not validated (egfuse's inlined graph does not run; the model as given does)"
+    for entry in [*report.regions, *report.rotary, *report.layer_ops]:
+        if entry.status == "rolled back" and (entry.reason or "").startswith("not validated (the original does not"):
+            entry.reason = reason
 
 
 def _outcome(report: Report) -> tuple:

@@ -159,15 +159,16 @@ def _quantized(softmax: ir.Node) -> str | None:
     return None
 
 
-def _feeds_from(value: ir.Value, softmax: ir.Node) -> bool:
+def _feeds_from(value: ir.Value, softmax: ir.Node, depth: int = 8) -> bool:
+    """``value`` is computed from the softmax's output within ``depth`` steps — as far as regions look forward
+    (guards, casts, clone, Dropout, Expand → Reshape, Keras' zeroing ``m·p + ¬m·0``), through any data input."""
     node = value.producer()
-    for _ in range(8):  # as far as regions look forward (guards, casts, clone, Dropout, Expand → Reshape)
-        if node is None:
-            return False
-        if node is softmax:
-            return True
-        node = next((v.producer() for v in node.inputs if v is not None and v.producer() is not None), None)
-    return False
+    if node is None or depth == 0:
+        return False
+    if node is softmax:
+        return True
+    data = node.inputs[:1] if node.op_type in _SHAPED_BY_SECOND else node.inputs
+    return any(v is not None and _feeds_from(v, softmax, depth - 1) for v in data)
 
 
 # Ops whose e-class holding nothing but these means the lowering gave the node no meaning the rules can use.

@@ -10,6 +10,7 @@ makes them unused.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -67,6 +68,30 @@ _FINITE_LAYOUT = frozenset(
 """Ops that only move, copy or select elements: a result of finite elements has finite elements."""
 
 
+def _element_type(value: ir.Value, depth: int = 8) -> ir.DataType | None:
+    """``value``'s element type; where shape inference left it unset, a Cast's target or the type of the first
+    typed input of the elementwise op that made it."""
+    if value.dtype not in (None, ir.DataType.UNDEFINED):
+        return value.dtype
+    node = value.producer()
+    if node is None or depth == 0:
+        return None
+    if node.op_type == "Cast":
+        return ir.DataType(attr(node, "to"))
+    for x in node.inputs:
+        found = _element_type(x, depth - 1) if x is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def _fits(bound: float | None, dtype: ir.DataType | None) -> bool:
+    """A float type holds every value of magnitude at most ``bound`` (rounding never reaches infinity)."""
+    if bound is None or dtype is None or not dtype.is_floating_point():
+        return False
+    return bound < float(ml_dtypes.finfo(dtype.numpy()).max)  # ml_dtypes: bfloat16 and float8 too
+
+
 class GraphFacts:
     """Shapes, dtypes and constant values of a graph's values, by abstract evaluation."""
 
@@ -77,6 +102,7 @@ class GraphFacts:
         self._shape: dict[ir.Value, Shape] = {}
         self._flags: dict[ir.Value, tuple[bool, ...]] = {}  # known boolean vectors (Equal on a shape)
         self._finite: dict[ir.Value, bool] = {}
+        self._magnitude: dict[ir.Value, float | None] = {}
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -153,8 +179,52 @@ class GraphFacts:
                 return False
             if source == ir.DataType.BOOL:
                 return True
-            return source.is_floating_point() and source.itemsize <= target.itemsize and self.finite(inputs[0])
-        return False
+            if source.is_floating_point() and source.itemsize <= target.itemsize and self.finite(inputs[0]):
+                return True
+        return _fits(self.magnitude(value), _element_type(value))
+
+    def magnitude(self, value: ir.Value | None) -> float | None:
+        """An upper bound on ``|x|`` over the elements of ``value``, as far as its producers show; None where none
+        is known. Integers are bounded by their type, products and sums by their operands' bounds — so an
+        ALiBi bias (``slopes · Cast(int32 positions)``, at most 2³¹·|slope|) is finite in float32, while two
+        fills of ``finfo.min`` added (2·3.4e38) are not."""
+        if value is None:
+            return None
+        if value not in self._magnitude:
+            self._magnitude[value] = None  # reached again before it is known (no DAG does that): unknown
+            self._magnitude[value] = self._bound(value)
+        return self._magnitude[value]
+
+    def _bound(self, value: ir.Value) -> float | None:
+        dtype = value.dtype
+        if dtype == ir.DataType.BOOL:
+            return 1.0
+        if dtype is not None and dtype.is_integer():
+            info = np.iinfo(dtype.numpy())
+            return float(max(abs(int(info.min)), int(info.max)))
+        const = self.weight(value)
+        if const is not None:
+            if not np.issubdtype(const.dtype, np.number) or not np.all(np.isfinite(const)):
+                return None
+            return float(np.max(np.abs(const))) if const.size else 0.0
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            return None
+        op, inputs = node.op_type, node.inputs
+        if op == "Cast":
+            bound = self.magnitude(inputs[0])
+            return bound if _fits(bound, _element_type(value)) else None
+        if op in _FINITE_LAYOUT or op in ("Neg", "Abs", "Relu"):
+            return self.magnitude(inputs[0])
+        parts = [inputs[1], inputs[2]] if op == "Where" and len(inputs) == 3 else list(inputs)
+        bounds = [self.magnitude(x) for x in parts]
+        if any(b is None for b in bounds) or op not in ("Where", "Concat", "Max", "Min", "Mul", "Add", "Sub"):
+            return None
+        if op == "Mul":
+            return float(np.prod(bounds))
+        if op in ("Add", "Sub"):
+            return float(sum(bounds))
+        return max(bounds)
 
     def elems(self, value: ir.Value | None) -> tuple[Dim | None, ...] | None:
         if value is None:

@@ -20,6 +20,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
+from egfuse import protos
+
 if TYPE_CHECKING:
     from egfuse.facts import GraphFacts
 
@@ -70,7 +72,53 @@ def inline(proto: onnx.ModelProto, only: set[str] | None = None) -> Inlined:
     for function in model.functions.values():
         for node in function:
             node.metadata_props.pop(FUNCTION_TAG, None)
-    return Inlined(ir.serde.serialize_model(model), inlined, kept, origins)
+    proto = ir.serde.serialize_model(model)
+    if inlined:
+        retype_contradicted_hints(proto)
+    return Inlined(proto, inlined, kept, origins)
+
+
+def retype_contradicted_hints(proto: onnx.ModelProto) -> list[str]:
+    """Replace each declared value type (``value_info``) that ONNX type inference contradicts — another dtype,
+    rank or size than its producer computes — by the inferred one; returns the names retyped.
+
+    Exporters type the values inside functions too (torch 2.4's dynamo exporter writes ``function/value``
+    entries in the main graph's ``value_info``) and inlining carries those types onto the inlined values. Some
+    are wrong: torch 2.4 types BERT's ``expand`` — the token-type ids expanded, int64 — as the float
+    (B, 1, S, S) mask, a name two of its values share. onnxruntime ignores types inside functions, so the model
+    loads, but refuses the inlined graph (``Type (tensor(float)) of output arg (expand) ... does not match``).
+    Sizes too: the same function types its ``size_1`` as 4 entries where its producer gives 2. A hint is not the
+    computation: where the two disagree (dtype, rank or a known size) the op wins, and hints that agree stay (they carry
+    the exporter's symbolic dim names)."""
+    probe = protos.inference_probe(proto)
+    del probe.graph.value_info[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception:  # inference refuses the graph: nothing to weigh the hints against
+        return []
+    computed = {v.name: v for v in inferred.graph.value_info}
+    retyped: list[str] = []
+    for info in proto.graph.value_info:
+        other = computed.get(info.name)
+        if other is None or not info.type.HasField("tensor_type") or not other.type.HasField("tensor_type"):
+            continue
+        declared, found = info.type.tensor_type, other.type.tensor_type
+        dtype_differs = declared.elem_type and found.elem_type and declared.elem_type != found.elem_type
+        shape_differs = (
+            declared.HasField("shape")
+            and found.HasField("shape")
+            and (
+                len(declared.shape.dim) != len(found.shape.dim)
+                or any(
+                    a.HasField("dim_value") and b.HasField("dim_value") and a.dim_value != b.dim_value
+                    for a, b in zip(declared.shape.dim, found.shape.dim, strict=True)
+                )
+            )
+        )
+        if dtype_differs or shape_differs:
+            info.type.CopyFrom(other.type)
+            retyped.append(info.name)
+    return retyped
 
 
 def callers_closure(model: ir.Model, labels: Iterable[str]) -> set[str]:
@@ -201,6 +249,106 @@ def concat_sequences(graph: ir.Graph) -> int:
         if not seq.outputs[0].uses():  # left read by nothing: its inputs' readers are the Concat's alone again
             graph.remove(seq, safe=True)
     return replaced
+
+
+def split_sequence_items(graph: ir.Graph, facts: GraphFacts) -> int:
+    """Replace ``SequenceAt(SplitToSequence(x, split, axis), i)`` (known split and i ≥ 0) by the ``Slice`` of x it
+    is; returns how many were replaced.
+
+    torch 2.4's dynamo exporter writes ``torch.split`` so (GPT-2's fused QKV projection, ``c_attn(x).split(n,
+    dim=2)``): the regions must see Q, K and V as slices of one tensor, as TorchScript's ``Split`` gives them.
+    Item i of a split by sizes ``s`` is ``x[sum(s[:i]) : sum(s[:i+1])]`` along the axis; of a split by one size
+    ``n`` it is ``x[i·n : (i+1)·n]`` (Slice clips the last, shorter chunk as the split does)."""
+    replaced = 0
+    for node in list(graph):
+        if node.op_type != "SequenceAt" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+            continue
+        split_node = node.inputs[0].producer() if node.inputs[0] is not None else None
+        index = facts.const(node.inputs[1])
+        if split_node is None or split_node.op_type != "SplitToSequence" or index is None or index.size != 1:
+            continue
+        i = int(index.reshape(-1)[0])
+        sizes = facts.const(split_node.inputs[1]) if len(split_node.inputs) > 1 else None
+        if i < 0 or sizes is None or sizes.ndim > 1:
+            continue  # a negative index needs the count; no split input means unit chunks squeezed
+        if sizes.ndim == 0:
+            start, end = i * int(sizes), (i + 1) * int(sizes)
+        elif i < sizes.size:
+            start, end = int(sizes[:i].sum()), int(sizes[: i + 1].sum())
+        else:
+            continue
+        axis = int(split_node.attributes["axis"].value) if "axis" in split_node.attributes else 0
+
+        named = ((start, "start"), (end, "end"), (axis, "axis"))
+        starts, ends, axes = (_int64_constant(v, f"{node.name}_{label}") for v, label in named)
+        slice_ = ir.Node(
+            "",
+            "Slice",
+            [split_node.inputs[0], starts.outputs[0], ends.outputs[0], axes.outputs[0]],
+            name=node.name,
+        )
+        slice_.outputs[0].dtype = split_node.inputs[0].dtype
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=[starts, ends, axes, slice_],
+            old_values=node.outputs,
+            new_values=slice_.outputs,
+        )
+        replaced += 1
+        if not split_node.outputs[0].uses():
+            graph.remove(split_node, safe=True)
+    return replaced
+
+
+def _int64_constant(value: int, name: str) -> ir.Node:
+    """A ``Constant`` holding ``[value]``, as a Slice's starts/ends/axes input."""
+    tensor = ir.tensor(np.array([value], dtype=np.int64))
+    return ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", tensor)], name=name)
+
+
+_LITERAL_ARITHMETIC = frozenset(
+    {"Cast", "Reshape", "Add", "Sub", "Mul", "Div", "Neg", "Squeeze", "Unsqueeze", "Concat", "Identity"}
+)
+
+
+def fold_literal_arithmetic(graph: ir.Graph, facts: GraphFacts) -> int:
+    """Replace integer arithmetic on literals (``Constant`` outputs, initializers, or results of such arithmetic)
+    by ``Constant`` nodes of its value; returns how many nodes were replaced.
+
+    torchlib functions of torch 2.1–2.2 pass their attributes as inputs and reshape them in the body:
+    ``Slice(Shape(x), Reshape(Constant(1), [1]), Reshape(Add(Constant(1), 1), [1]))`` for ``x.size(1)``,
+    ``Unsqueeze(x, Cast(Constant(1)))``. ONNX shape inference reads an input's value only where it is a
+    literal, so after inlining it loses every rank downstream (LLaMA's causal mask: ``Expand(fill, size)`` of
+    unknown rank, then ``Slice`` of ``?``), and the regions with it. The values are the same; only integers
+    (sizes, axes, indices) are folded — float arithmetic is the model's own computation."""
+    literal = {v for v in graph.initializers.values()}
+    folded = 0
+    for node in list(graph):
+        outputs = list(node.outputs)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            literal.update(outputs)
+            continue
+        if node.op_type not in _LITERAL_ARITHMETIC or node.domain not in ("", "ai.onnx") or len(outputs) != 1:
+            continue
+        if not node.inputs or any(v is not None and v not in literal for v in node.inputs):
+            continue
+        value = facts.const(outputs[0])
+        if value is None or not np.issubdtype(value.dtype, np.integer):
+            continue
+        constant = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(value))], name=node.name)
+        ir.convenience.replace_nodes_and_values(
+            graph,
+            insertion_point=node,
+            old_nodes=[node],
+            new_nodes=[constant],
+            old_values=outputs,
+            new_values=constant.outputs,
+        )
+        literal.add(constant.outputs[0])
+        folded += 1
+    return folded
 
 
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Identity", "Cast", "CastLike", "Neg", "Sqrt"})

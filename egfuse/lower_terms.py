@@ -139,6 +139,10 @@ class TermWriter:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
         if shape is not None and shape and shape[-1] is not None and shape[-1].static is not None:
             cmds.append(f"(set ({self.n['last_dim']} {term}) {shape[-1].static})")
+        if self.facts.finite(value):
+            # a finite constant, a mask made of finite fills outside the region, or — inside it — a bias computed
+            # from bounded values (ALiBi's slopes · positions, where the first region computes the shared bias)
+            cmds.append(f"({self.n['finite']} {term})")
         if not leaf:
             return
         scalar = self.facts.scalar(value)
@@ -149,8 +153,6 @@ class TermWriter:
             cmds.append(f"({self.n['is_weight']} {term})")
             for axis in (-1, -2)[: const.ndim]:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
-        if self.facts.finite(value):  # a finite constant, or a mask made of finite fills outside the region
-            cmds.append(f"({self.n['finite']} {term})")
         if const is not None and const.ndim >= 2 and const.shape[-1] % 2 == 0 and const.shape[-1] > 0:
             half = const.shape[-1] // 2  # a stored cos/sin table: its halves compared, once
             if np.issubdtype(const.dtype, np.floating) and np.array_equal(const[..., :half], const[..., half:]):

@@ -67,6 +67,9 @@ def output_shape(facts: GraphFacts, node: ir.Node, op: str) -> Shape | None:
         if start is not None and limit is not None and delta == Dim(1):
             count = limit.plus(start, -1)  # arange(start, n): n - start elements (n ≥ start)
             result = None if count.summed else (count,)
+    elif op == "Range" and len(node.inputs) == 3 and facts.elems(node.inputs[2]) == (Dim(1),):
+        count = _offset_length(facts, node.inputs[0], node.inputs[1])
+        result = None if count is None else (count,)
     elif op == "GatherND" and len(ins) == 2 and ins[0] is not None and ins[1] is not None and ins[1]:
         depth, batch = ins[1][-1], int(attr(node, "batch_dims", 0))  # torch 2.1's x[index] (RoPE's cos[ids])
         if depth is not None and depth.static is not None:
@@ -116,11 +119,47 @@ def output_shape(facts: GraphFacts, node: ir.Node, op: str) -> Shape | None:
     return result
 
 
+def _offset_length(facts: GraphFacts, start: ir.Value | None, limit: ir.Value | None) -> Dim | None:
+    """n, where ``limit`` is ``start + n`` (through Casts and Reshapes of one element): ``arange(past, past +
+    seq)`` — a decoder's positions over a cache — has seq elements, though the sum ``past + seq`` is no size
+    the facts name (the exporter names the total length apart)."""
+
+    def through(value: ir.Value | None) -> ir.Value | None:
+        node = value.producer() if value is not None else None
+        while node is not None and node.op_type in ("Cast", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+            value = node.inputs[0]
+            node = value.producer() if value is not None else None
+        return value
+
+    def one(value: ir.Value | None) -> Dim | None:
+        elems = facts.elems(value)
+        if elems is None:
+            elems = facts.elems(through(value))
+        return elems[0] if elems is not None and len(elems) == 1 else None
+
+    first = one(start)
+    add = through(limit).producer() if through(limit) is not None else None
+    if first is None or add is None or add.op_type != "Add" or len(add.inputs) != 2:
+        return None
+    a, b = (one(v) for v in add.inputs)
+    if a is not None and a == first:
+        return b
+    if b is not None and b == first:
+        return a
+    return None
+
+
 def _sliced_shape(facts: GraphFacts, node: ir.Node, shape: Shape) -> Shape | None:
     """A Slice's output shape where its starts/ends/axes/steps are constants: a static dim sliced exactly, a
     symbolic one only when the slice keeps all of it (start 0, end past any size, step 1: torch's ``x[:, :]``)."""
     args = [facts.const(v) if v is not None else None for v in node.inputs[1:5]]
-    if len(args) >= 2 and args[0] is not None and args[1] is None and facts.elems(node.inputs[2]) is not None:
+    symbolic_start = args[0] is None and facts.elems(node.inputs[1]) is not None if args else False
+    if (
+        len(args) >= 2
+        and (args[0] is not None or symbolic_start)
+        and args[1] is None
+        and facts.elems(node.inputs[2]) is not None
+    ):
         return _cut_to_length(facts, node, shape, args)
     if len(args) < 2 or args[0] is None or args[1] is None:
         return None
@@ -145,12 +184,15 @@ def _cut_to_length(facts: GraphFacts, node: ir.Node, shape: Shape, args: list) -
     length): the causal-mask buffers of GPT-2-style attention and the RoPE cos/sin tables cut to the
     sequence. The result has ``min(n, D) - start`` elements on a static axis of size ``D``; it is taken as
     ``n - start`` only where ``D`` is a buffer's fixed size (a constant: the model's maximum length), and
-    ``start`` is 0 for a symbolic ``n``. Where ``n > D`` the original fails wherever the cut is combined with
-    an axis of length ``n`` (the broadcast against the scores, the rotation's product with Q), which is
-    all its consumers in attention do — and validation on onnxruntime runs every fused region anyway."""
+    ``start`` is 0 for a symbolic ``n`` — or ``start`` is symbolic too and ``n - start`` a size already named
+    (GPT-2's ``bias[:, :, k - q : k]`` over a cache, where k = ``past + 1`` and q = 1: one row). Where ``n > D``
+    the original fails wherever the cut is combined with an axis of length ``n`` (the broadcast against the
+    scores, the rotation's product with Q), which is all its consumers in attention do — and validation on
+    onnxruntime runs every fused region anyway."""
     if not _stored(facts, node.inputs[0]):
         return None  # only a stored buffer has the fixed "maximum length" the cut stays within
-    starts, ends = args[0].reshape(-1), facts.elems(node.inputs[2])
+    ends = facts.elems(node.inputs[2])
+    starts = args[0].reshape(-1) if args[0] is not None else facts.elems(node.inputs[1])
     given = _axes_and_steps(node, args, len(starts))
     if given is None or not len(starts) == len(ends) == len(given[0]) == len(given[1]):
         return None
@@ -159,9 +201,16 @@ def _cut_to_length(facts: GraphFacts, node: ir.Node, shape: Shape, args: list) -
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         axis = int(axis) % len(shape)
         d = shape[axis]
-        if end is None or d is None or int(step) != 1 or d.static is None:
+        if isinstance(start, Dim) and start.static is not None:
+            start = start.static
+        if end is None or start is None or d is None or int(step) != 1 or d.static is None:
             return None
-        if end.static is not None:  # a constant end among symbolic ones: exact
+        if isinstance(start, Dim):  # both ends symbolic: their difference, where it names a size
+            length = end.plus(start, -1)
+            if length.summed or (length.static is not None and length.static < 0):
+                return None
+            out[axis] = length
+        elif end.static is not None:  # a constant end among symbolic ones: exact
             out[axis] = Dim(len(range(d.static)[slice(int(start), end.static)]))
         elif int(start) == 0:
             out[axis] = end

@@ -70,6 +70,10 @@ def fuse_once(
         model = _reinferred(model, weights)
         graph = model.graph
     facts = GraphFacts(graph)
+    if functions.fold_literal_arithmetic(graph, facts) + functions.split_sequence_items(graph, facts):
+        model = _reinferred(model, weights)  # shape inference reads literals: ranks come back downstream
+        graph = model.graph
+        facts = GraphFacts(graph)
     for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
         if not functions.fold_constant_ifs(graph, facts):
             break

@@ -51,6 +51,34 @@ def test_finiteness_follows_selects_layouts_and_casts_but_not_sums():
         assert not facts.finite(values[name]), name
 
 
+def test_bounded_values_are_finite_where_their_bound_fits_the_type():
+    """Magnitude bounds: integers by their type, products and sums by their operands — ALiBi's slopes · Cast(int32
+    positions) is at most 2³¹·|slope|: finite in float32, not in float16 (65504), nor with a slope of 1e30."""
+    pos = helper.make_tensor_value_info("pos", TensorProto.INT32, [1, 4])
+    consts = [
+        helper.make_tensor("slopes", TensorProto.FLOAT, [2, 1], [0.5, 0.25]),
+        helper.make_tensor("huge", TensorProto.FLOAT, [], [1e30]),
+        helper.make_tensor("fmin", TensorProto.FLOAT, [], [FMIN]),
+        helper.make_tensor("slopes16", TensorProto.FLOAT16, [2, 1], [0.5, 0.25]),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["slopes", "posf"], ["alibi"]),
+        helper.make_node("Neg", ["alibi"], ["negated"]),
+        helper.make_node("Sub", ["alibi", "posf"], ["shifted"]),
+        helper.make_node("Mul", ["huge", "posf"], ["overflowing"]),
+        helper.make_node("Add", ["fmin", "alibi"], ["near_min"]),  # its bound passes finfo.max: not claimed
+        helper.make_node("Cast", ["pos"], ["pos16"], to=TensorProto.FLOAT16),
+        helper.make_node("Mul", ["slopes16", "pos16"], ["alibi16"]),
+    ]
+    facts, values = _facts_of(nodes, [pos], consts)
+    for name in ("posf", "alibi", "negated", "shifted"):
+        assert facts.finite(values[name]), name
+    assert facts.magnitude(values["alibi"]) == 0.5 * 2.0**31
+    for name in ("overflowing", "near_min", "pos16", "alibi16"):  # bounds past the type's largest value
+        assert not facts.finite(values[name]), name
+
+
 def test_every_layer_drops_the_guard_of_a_shared_finite_mask():
     """BERT's SDPA export: one ``Where(mask, 0, finfo.min)`` feeds every layer, each layer guards its softmax."""
     path = DATA / "bert_sdpa.dynamo.onnx"

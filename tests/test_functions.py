@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 import egfuse
-from egfuse import cli
+from egfuse import cli, functions
 from egfuse.testing import DROPOUTS, Variant, attention_model, feeds_for, in_functions
 
 from .conftest import DATA, assert_same_outputs, fused_op_count, only
@@ -256,3 +256,42 @@ def test_ifs_on_constant_tests_are_folded_nested_too(target):
     ops = [n.op_type for n in result.model.graph.node]
     assert "If" not in ops and "ReduceL2" in ops, ops
     assert_same_outputs(model, result.model, feeds)
+
+
+def _with_a_wrong_hint_inside(model: onnx.ModelProto, last: bool = False) -> tuple[onnx.ModelProto, str]:
+    """``model`` in one function with a value typed int64 by a scoped ``value_info`` entry, as torch 2.4's dynamo
+    exporter mistypes some values inside its functions (BERT's ``expand``): the softmax output, or (``last``) the
+    value the graph output copies, past the attention block."""
+    wrapped = in_functions(model, depth=1)
+    function = wrapped.functions[0]
+    value = function.node[-2].output[0] if last else next(n for n in function.node if n.op_type == "Softmax").output[0]
+    hint = helper.make_tensor_value_info(f"{function.domain}::{function.name}/{value}", onnx.TensorProto.INT64, [2])
+    wrapped.graph.value_info.append(hint)
+    return wrapped, value
+
+
+def test_a_wrong_type_hint_inside_a_function_does_not_survive_inlining(target):
+    """onnxruntime ignores types inside functions (the model runs) but refuses them once inlined: inference
+    contradicts the hint, so the op's type wins and the block fuses."""
+    model, softmax = _with_a_wrong_hint_inside(attention_model(OLD_DYNAMO_STYLE))
+    feeds = feeds_for(model)
+    inlined = functions.inline(model).proto
+    info = next(v for v in inlined.graph.value_info if v.name == softmax)
+    assert info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_an_inlined_graph_that_does_not_run_is_egfuses_fault_not_the_feeds(monkeypatch):
+    """With the hint kept (the reconciliation switched off) the inlined graph does not load although the model
+    does: the report blames egfuse's inlining, never the model or the inputs, and nothing is applied."""
+    model, _ = _with_a_wrong_hint_inside(attention_model(OLD_DYNAMO_STYLE), last=True)
+    feeds = feeds_for(model)
+    monkeypatch.setattr(functions, "retype_contradicted_hints", lambda proto: [])
+    for given in (feeds, None):
+        result = egfuse.fuse(model, target="ort", feeds=given)
+        note = result.report.validation_note or ""
+        assert result.report.fused == 0 and "fault in egfuse's inlining" in note, str(result.report)
+        assert "feeds" not in note.split("(")[0], note
+        assert result.model.SerializeToString() == model.SerializeToString()

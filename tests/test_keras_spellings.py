@@ -21,8 +21,10 @@ B, N, S, H = 2, 2, 5, 8
 FILL = -1e9
 
 
-def _graph(post: str, pre: str = "select") -> onnx.ModelProto:
-    """softmax(Q·Kᵀ/√H masked) [zeroed] @ V on (B, N, S, H) inputs; masks are (B, 1, 1, S) booleans."""
+def _graph(post: str, pre: str = "select", slope: float | None = None) -> onnx.ModelProto:
+    """softmax(Q·Kᵀ/√H masked) [zeroed] @ V on (B, N, S, H) inputs; masks are (B, 1, 1, S) booleans. ``slope``: an
+    ALiBi-style bias ``slope·2⁻ʰ · Cast(positions)`` (int32 positions, a graph input) added before the mask, as
+    keras-hub's Falcon does."""
     nodes, inits = (
         [],
         [
@@ -35,11 +37,19 @@ def _graph(post: str, pre: str = "select") -> onnx.ModelProto:
     nodes += [
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
         helper.make_node("MatMul", ["q", "kt"], ["qk"]),
-        helper.make_node("Mul", ["qk", "scale"], ["s"]),
+        helper.make_node("Mul", ["qk", "scale"], ["s" if slope is None else "s0"]),
         helper.make_node("Cast", ["m"], ["mf"], to=TensorProto.FLOAT),
         helper.make_node("Not", ["m"], ["nm"]),
         helper.make_node("Cast", ["nm"], ["nmf"], to=TensorProto.FLOAT),
     ]
+    if slope is not None:
+        slopes = slope * 2.0 ** -np.arange(1, N + 1, dtype=np.float32)
+        inits.append(helper.make_tensor("slopes", TensorProto.FLOAT, [1, N, 1, 1], slopes))
+        nodes += [
+            helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["slopes", "posf"], ["bias"]),
+            helper.make_node("Add", ["s0", "bias"], ["s"]),
+        ]
     if pre == "select":  # tf2onnx's SelectV2(m, S, F): m·S + ¬m·F
         nodes += [
             helper.make_node("Mul", ["mf", "s"], ["kept"]),
@@ -70,13 +80,15 @@ def _graph(post: str, pre: str = "select") -> onnx.ModelProto:
     nodes.append(helper.make_node("MatMul", ["pz", "v"], ["y"]))
     tensor = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, N, S, H]) for n in "qkv"]
     masks = [helper.make_tensor_value_info(n, TensorProto.BOOL, [B, 1, 1, S]) for n in ("m", "m2")]
+    if slope is not None:
+        masks.append(helper.make_tensor_value_info("pos", TensorProto.INT32, [1, 1, 1, S]))
     graph = helper.make_graph(
         nodes, "keras", tensor + masks, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _feeds() -> dict[str, np.ndarray]:
+def _feeds(positions: bool = False) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal((B, N, S, H)).astype(np.float32) for n in "qkv"}
     m = np.ones((B, 1, 1, S), bool)
@@ -85,6 +97,8 @@ def _feeds() -> dict[str, np.ndarray]:
     m2 = m.copy()
     m2[0, ..., 0] = False  # another mask: hides one more key
     feeds["m2"] = m2
+    if positions:
+        feeds["pos"] = np.arange(S, dtype=np.int32).reshape(1, 1, 1, S)
     return feeds
 
 
@@ -105,6 +119,31 @@ def test_zeroing_with_another_mask_is_not_proven(post: str):
     """Zeroing where a different mask hides keys zeroes probabilities the softmax gave weight to: no identity."""
     model = _graph(post)
     feeds = _feeds()
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 0, str(result.report)
+    assert not disagreements(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_bounded_bias_before_the_arithmetic_select_fuses(target: str):
+    """ALiBi before tf2onnx's select: ``m·(S + b) + ¬m·F`` is ``Where(m, S + b, F)`` only for a finite b; here b
+    is slopes · Cast(int32 positions), at most 2³¹·|slope|, which float32 holds."""
+    model = _graph("none", "select", slope=8.0)
+    feeds = _feeds(positions=True)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1, str(result.report)
+    assert not disagreements(model, result.model, feeds)
+
+
+def test_a_bias_of_unknown_magnitude_is_no_select():
+    """Near miss: a float bias given as an input may hold ±inf (inf·0 is NaN in the arithmetic select, the fill in
+    a Where): no identity, not claimed."""
+    model = _graph("none", "select", slope=1.0)
+    cast = next(n for n in model.graph.node if n.op_type == "Cast" and n.input[0] == "pos")
+    model.graph.node.remove(cast)
+    model.graph.input[-1].CopyFrom(helper.make_tensor_value_info("posf", TensorProto.FLOAT, [1, 1, 1, S]))
+    feeds = _feeds()
+    feeds["posf"] = np.arange(S, dtype=np.float32).reshape(1, 1, 1, S)
     result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert result.report.fused == 0, str(result.report)
     assert not disagreements(model, result.model, feeds)

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import egfuse
+from egfuse import functions
 from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
 from egfuse.testing import CONCATS, Variant, attention_model, feeds_for
@@ -287,3 +288,164 @@ def test_a_comparison_of_dims_is_known_where_the_dims_are(x_shape, y_shape, diff
     """The same dim on both sides is equal, two numbers compare, two different symbols stay unknown."""
     facts, graph = _dims_compared(x_shape, y_shape)
     assert facts.truth(graph.outputs[0]) is differ
+
+
+# --- torch 2.2 and 2.4's dynamo exports (model-local functions; issue 34 item 6) --------------------------------
+
+
+def _cut_between_model(start_from_query: bool) -> onnx.ModelProto:
+    """GPT-2's causal buffer over a cache: ``bias[:, k - q : k]`` with k and q read off the keys' and the queries'
+    shapes (``start_from_query=False``: ``bias[:, q : k]``, whose length ``k - q`` names no size)."""
+    buf = helper.make_tensor("buf", TensorProto.FLOAT, [1, 64], np.arange(64, dtype=np.float32))
+    start = ["k_len", "q_len"] if start_from_query else ["q_len"]
+    nodes = [
+        helper.make_node("Shape", ["keys"], ["k_len"], start=1, end=2),
+        helper.make_node("Shape", ["queries"], ["q_len"], start=1, end=2),
+        helper.make_node("Sub", start, ["start"])
+        if start_from_query
+        else helper.make_node("Identity", start, ["start"]),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+        helper.make_node("Slice", ["buf", "start", "k_len", "axis"], ["cut"]),
+        helper.make_node("Add", ["queries", "cut"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "cut_between",
+        [helper.make_tensor_value_info("keys", TensorProto.FLOAT, ["B", "past + 1"]),
+         helper.make_tensor_value_info("queries", TensorProto.FLOAT, ["B", "1"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [buf],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_buffer_cut_between_two_symbolic_ends_has_their_difference():
+    graph = ir.serde.deserialize_model(_cut_between_model(True)).graph
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    assert GraphFacts(graph).shape(cut) == (Dim(1), Dim(1))
+    # near miss: bias[:, q : k] with q = Q has (past + 1) - Q elements, a sum no dim names: not claimed
+    model = _cut_between_model(False)
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "Q"
+    graph = ir.serde.deserialize_model(model).graph
+    cut = next(n for n in graph if n.op_type == "Slice").outputs[0]
+    shape = GraphFacts(graph).shape(cut)
+    assert shape is None or shape[1] is None or shape[1].invented, shape
+
+
+def _positions_model(limit_from_past: bool) -> onnx.ModelProto:
+    """A decoder's positions over a cache, ``arange(past, past + seq)`` (``limit_from_past=False``: ``arange(past,
+    other + seq)``, whose length is no size)."""
+    nodes = [
+        helper.make_node("Shape", ["past"], ["p"], start=2, end=3),
+        helper.make_node("Shape", ["ids"], ["s"], start=1, end=2),
+        helper.make_node("Shape", ["other"], ["o"], start=0, end=1),
+        helper.make_node("Add", ["s", "p" if limit_from_past else "o"], ["limit"]),
+        helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
+        helper.make_node("Squeeze", ["p"], ["p0"]),
+        helper.make_node("Squeeze", ["limit"], ["limit0"]),
+        helper.make_node("Range", ["p0", "limit0", "one"], ["positions"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "positions",
+        [helper.make_tensor_value_info("past", TensorProto.FLOAT, ["B", 4, "P", 8]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"]),
+         helper.make_tensor_value_info("other", TensorProto.INT64, ["O"])],
+        [helper.make_tensor_value_info("positions", TensorProto.INT64, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_positions_over_a_cache_count_the_new_tokens():
+    graph = ir.serde.deserialize_model(_positions_model(True)).graph
+    positions = next(n for n in graph if n.op_type == "Range").outputs[0]
+    assert GraphFacts(graph).shape(positions) == (Dim(1, ("S",)),)
+    graph = ir.serde.deserialize_model(_positions_model(False)).graph  # near miss: O + S - P is no size
+    positions = next(n for n in graph if n.op_type == "Range").outputs[0]
+    shape = GraphFacts(graph).shape(positions)
+    assert shape is None or shape[0] is None or shape[0].invented, shape
+
+
+def _torchlib_literals() -> onnx.ModelProto:
+    """torchlib's attributes passed as inputs: ``Unsqueeze(x, Cast(Constant(1)))`` and ``x.size(1)`` as
+    ``Slice(Shape(x), Reshape(Constant 1), Reshape(Add(Constant 1, 1)))``; and float arithmetic on literals."""
+
+    def const(name: str, value, dtype=TensorProto.INT64) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, dtype, [], [value]))
+
+    nodes = [
+        const("dim", 1), const("one", 1), const("half", 0.5, TensorProto.FLOAT),
+        helper.make_node("Constant", [], ["vec"], value_ints=[1]),
+        helper.make_node("Cast", ["dim"], ["axis"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["x", "axis"], ["unsqueezed"]),
+        helper.make_node("Reshape", ["dim", "vec"], ["start"]),
+        helper.make_node("Add", ["dim", "one"], ["end0"]),
+        helper.make_node("Reshape", ["end0", "vec"], ["end"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "start", "end"], ["size"]),
+        helper.make_node("Expand", ["unsqueezed", "size"], ["expanded"]),
+        helper.make_node("Add", ["half", "half"], ["whole"]),
+        helper.make_node("Mul", ["expanded", "whole"], ["y"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "literals", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_torchlib_integer_literals_fold_and_ranks_come_back():
+    model = ir.serde.deserialize_model(_torchlib_literals())
+    folded = functions.fold_literal_arithmetic(model.graph, GraphFacts(model.graph))
+    ops = {n.outputs[0].name: n.op_type for n in model.graph}
+    assert folded == 4 and {ops[v] for v in ("axis", "start", "end0", "end")} == {"Constant"}, ops
+    assert ops["whole"] == "Add"  # float arithmetic is the model's own: never folded
+    proto = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(model), data_prop=True)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in proto.graph.value_info}
+    assert ranks["unsqueezed"] == 3 and ranks["expanded"] == 3, ranks
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    assert_same_outputs(_torchlib_literals(), proto, {"x": x})
+
+
+def _split_sequence(split: list[int] | int, index: int) -> onnx.ModelProto:
+    """``torch.split`` as torch 2.4 writes it: ``SequenceAt(SplitToSequence(x, split, axis=2), index)``."""
+    dims, values = ([], [split]) if isinstance(split, int) else ([len(split)], split)
+    sizes = helper.make_tensor("sizes", TensorProto.INT64, dims, values)
+    nodes = [
+        helper.make_node("Constant", [], ["split"], value=sizes),
+        helper.make_node("Constant", [], ["i"], value=helper.make_tensor("i", TensorProto.INT64, [], [index])),
+        helper.make_node("SplitToSequence", ["x", "split"], ["seq"], axis=2),
+        helper.make_node("SequenceAt", ["seq", "i"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 1, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("split", "index"), [(4, 0), (4, 2), ([3, 5, 2], 1), ([3, 5, 2], 2), (4, -1)])
+def test_an_item_of_a_split_sequence_is_a_slice(split, index):
+    """Item i is the slice it names (the last chunk of a split by one size is shorter); a negative index, which
+    needs the count, is left as written."""
+    original = _split_sequence(split, index)
+    model = ir.serde.deserialize_model(original)
+    replaced = functions.split_sequence_items(model.graph, GraphFacts(model.graph))
+    assert replaced == (index >= 0)
+    assert ("SequenceAt" in {n.op_type for n in model.graph}) == (index < 0)
+    x = np.random.default_rng(0).standard_normal((2, 1, 10)).astype(np.float32)
+    assert_same_outputs(original, ir.serde.serialize_model(model), {"x": x})
+
+
+@pytest.mark.parametrize(
+    ("stack", "name", "target"),
+    [("2024-09", "bert_eager", "ort"), ("2024-09", "gpt2_past_eager", "onnx"), ("2024-04", "llama_eager", "onnx")],
+)
+def test_torch22_and_24_dynamo_exports_fuse(stack, name, target):
+    """Real exports whose inlined functions hid attention: a value typed float by the exporter's hint where its
+    Expand gives int64 (BERT), ``torch.split`` as a sequence and a causal buffer cut between two symbolic ends
+    over a cache (GPT-2), the causal mask's ranks behind torchlib's literal arithmetic (LLaMA)."""
+    path = DATA / "drift" / stack / f"{name}.dynamo.onnx"
+    model = onnx.load(path)
+    feeds = dict(np.load(path.with_name(f"{name}.dynamo.feeds.npz")))
+    result = egfuse.fuse(path, target=target, feeds=feeds)
+    assert result.report.fused == len(result.report.regions) == 2, str(result.report)
+    assert result.report.validated is True, str(result.report)
+    assert_same_outputs(model, result.model, feeds)
