@@ -30,10 +30,11 @@ VOCABULARY = PIECES | frozenset({
 })  # fmt: skip
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone();
-# Squeeze/Unsqueeze: tf2onnx's Einsum adds and removes unit axes around its MatMul; Mul: Keras zeroes masked
-# probabilities after the softmax, as m·p or as m·p + (1 − m)·0 (whether the rules read them decides)
+# Squeeze/Unsqueeze/Transpose: tf2onnx's Einsum adds and removes unit axes around its MatMul, and moves them (a
+# unit axis moved is a view); Mul: Keras zeroes masked probabilities after the softmax, as m·p or as
+# m·p + (1 − m)·0 (whether the rules read them decides)
 _FORWARD_GUARDS = frozenset({"Where", "IsNaN", "Cast", "CastLike", "Reshape", "Dropout", "Expand", "Identity",
-                             "Squeeze", "Unsqueeze", "Mul", "Add"})  # fmt: skip
+                             "Squeeze", "Unsqueeze", "Transpose", "Mul", "Add"})  # fmt: skip
 _FORWARD_LAYOUT = frozenset({"Transpose", "Reshape", "Squeeze"})  # a unit axis put in starts the next op's layout
 _MAX_BACKWARD_DEPTH = 16  # dynamo 2.1–2.4 adds Expand → Reshape before each MatMul; softcap, casts, repeat_kv add more
 

@@ -158,12 +158,14 @@ def rules(
     yield rewrite(Tensor.attend_z(q, k, x, b, s, g)).to(Tensor.attend(q, k, x, b, s, g), finite(b))
     # A select as arithmetic on its cast flag: m·S + (1 − m)·F = Where(m, S, F), and (1 − m)·S + m·F =
     # Where(m, F, S) — for scores (finite: the graph's float inputs are) and a finite fill, either operand order.
-    # The scores may carry a finite bias (ALiBi added before the select).
-    biased = [(Tensor.add(t, b), True) for t in (Tensor.scores(q, k, s), Tensor.softcap(Tensor.scores(q, k, s), g))]
-    for logits, has_bias in [
-        (Tensor.scores(q, k, s), False),
-        (Tensor.softcap(Tensor.scores(q, k, s), g), False),
-        *biased,
+    # The scores may carry a finite bias (ALiBi added before the select), or a select of their own with a finite
+    # fill (a causal Where the half-precision algebra keeps as a select: then the select nests).
+    plain = (Tensor.scores(q, k, s), Tensor.softcap(Tensor.scores(q, k, s), g))
+    for logits, needs in [
+        *[(t, []) for t in plain],
+        *[(Tensor.add(t, b), [finite(b)]) for t in plain],
+        *[(Tensor.where(m2, t, d), [finite(d)]) for t in plain],
+        *[(Tensor.where(m2, d, t), [finite(d)]) for t in plain],
     ]:
         kept, dropped = Tensor.cast(m, r), Tensor.sub(o, Tensor.cast(m, r))
         for on, off, select in (
@@ -174,7 +176,7 @@ def rules(
                 for fill_term in (Tensor.mul(off, c), Tensor.mul(c, off)):
                     for total in (Tensor.add(scores_term, fill_term), Tensor.add(fill_term, scores_term)):
                         facts = [scalar_of(c) == f, f >= f64(-1.7e308), f <= f64(1.7e308), scalar_of(o) == f64(1.0)]
-                        yield rewrite(total).to(select, *facts, *([finite(b)] if has_bias else []))
+                        yield rewrite(total).to(select, *facts, *needs)
     # Masked probabilities zeroed after the softmax with the same mask that hid the keys before it (Keras): by a
     # select, or by Keras' adder S + (1 − m)·F (either operand order; the adder itself stays an additive mask).
     hidden_inf = Tensor.where(m, Tensor.full_like(c, 0.0), Tensor.full_like(c, NEG_INF))

@@ -129,6 +129,8 @@ def _matmul(b: Builder, v: Variant, x: str, y: str) -> str:
     """``x @ y`` on (B, N, ·, ·) operands, plain or decomposed as torch 2.1–2.4's dynamo exporter writes it."""
     if v.matmul == "plain":
         return b.op("MatMul", [x, y])
+    if v.matmul == "tf2onnx_einsum":
+        return _einsum_as_tf2onnx(b, x, y)
 
     def part(shape: str, start: int, stop: int) -> str:
         return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
@@ -142,6 +144,30 @@ def _matmul(b: Builder, v: Variant, x: str, y: str) -> str:
     product = b.op("MatMul", folded)
     target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), part(b.op("Shape", [product]), 1, 3)], axis=0)
     return b.op("Reshape", [product, target])
+
+
+def _einsum_as_tf2onnx(b: Builder, x: str, y: str) -> str:
+    """``bnsh,bnht->bnst`` as tf2onnx writes an Einsum: x gets the letter t as a unit axis (B, N, S, H, 1) and is
+    transposed to (B, N, 1, S, H), y gets s (B, N, 1, H, T); each is reshaped to (B·N, ·, ·) by a target whose
+    batch entry is ``ReduceProd`` of its first two dims; the 3D product goes back to (B, N, S, T, 1) and is
+    squeezed."""
+
+    def part(shape: str, start: int, stop: int) -> str:
+        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
+
+    def folded(t: str, axis: int, perm: list[int] | None) -> str:
+        wide = b.op("Unsqueeze", [t, b.const(np.array([axis], np.int64))])
+        if perm is not None:
+            wide = b.op("Transpose", [wide], perm=perm)
+        shape = b.op("Shape", [wide])
+        batch = b.op("ReduceProd", [part(shape, 0, 2)], keepdims=1)
+        return b.op("Reshape", [wide, b.op("Concat", [batch, part(shape, 3, 5)], axis=0)])
+
+    product = b.op("MatMul", [folded(x, 4, [0, 1, 4, 2, 3]), folded(y, 2, None)])
+    unit = b.const(np.array([1], np.int64))
+    rows_cols = part(b.op("Shape", [product]), 1, 3)
+    target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), rows_cols, unit], axis=0)
+    return b.op("Squeeze", [b.op("Reshape", [product, target]), b.const(np.array([4], np.int64))])
 
 
 def _dropout(b: Builder, v: Variant, p: str) -> str:

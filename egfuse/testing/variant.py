@@ -42,9 +42,12 @@ SOFTCAP = 2.0
 DTYPES = ("float32", "float16")
 
 
-MATMULS = ("plain", "batched_3d")
-"""How the two attention MatMuls are written: one 4D MatMul, or as torch 2.1–2.4's dynamo exporter decomposes
-it: ``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·)."""
+MATMULS = ("plain", "batched_3d", "tf2onnx_einsum")
+"""How the two attention MatMuls are written: one 4D MatMul; as torch 2.1–2.4's dynamo exporter decomposes it:
+``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·); or as
+tf2onnx lowers Keras' Einsum: each operand ``Unsqueeze``d to the letters of both, ``Transpose``d to (batch, free,
+contracted), ``Reshape``d to (B·N, ·, ·) by a ``ReduceProd`` of its batch dims, a 3D MatMul, ``Reshape``d back
+with a unit axis and ``Squeeze``d."""
 
 
 DROPOUTS = ("none", "plain", "ratio", "training_false", "castlike")
@@ -258,10 +261,12 @@ def _compatible(choices: dict) -> dict:
         c["scale"] = "qk_div" if c["scale"] in ("k_div", "split_sqrt") else c["scale"]
         c["causal"] = "trilu" if c["causal"] in ("buffer_where", "buffer_local") else c["causal"]
         c["baddbmm"] = False
-    if c["causal"] in ("buffer_where", "buffer_local") and c["matmul"] == "batched_3d" and c["heads"] == 1:
-        # Known gap (session 8 note): one head of static size, the causal buffer over batched 3D MatMuls and the
-        # probabilities CastLike'd to themselves: "probabilities @ V not recognised".
+    if c["causal"] in ("buffer_where", "buffer_local") and c["matmul"] != "plain" and c["heads"] == 1:
+        # Known gap (session 8 note): one head, the causal buffer over decomposed (3D) MatMuls, and the
+        # probabilities CastLike'd to themselves or a KV cache: "probabilities @ V not recognised".
         c["dropout"] = "none" if c.get("dropout") == "castlike" else c.get("dropout", "none")
+        if c.get("past"):
+            c["matmul"] = "plain"
     return c
 
 

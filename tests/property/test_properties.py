@@ -2,8 +2,9 @@
 
 Algebra, not enumeration: every combination of scale placement, K layout, mask, causal mask, guard, operand
 order, projection bias, heads (MHA/GQA/MQA), head size, cross-attention, KV cache, RoPE, position bias,
-precision, old dynamo's batched-MatMul decomposition, eval-mode Dropout and text dims must fuse into exactly one
-attention op and keep the original's numerics — also inside nested model-local functions."""
+precision, old dynamo's batched-MatMul decomposition, tf2onnx's Einsum lowering, eval-mode Dropout and text dims
+must fuse into exactly one attention op and keep the original's numerics — also inside nested model-local
+functions."""
 
 from __future__ import annotations
 
