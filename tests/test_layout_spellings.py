@@ -77,9 +77,10 @@ def test_tf2onnx_einsum_lowering_fuses(spelling, target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open: the lowering's reshape targets are Shape()s of the probabilities (tf2onnx with dynamic dims), "
-    "and a Shape read of a fused region's interior keeps the scores and softmax computed, for their shape only — "
-    "rewriting Shape(x) to a shape of surviving values (a dim source) is not written yet",
+    reason="open: the lowering's reshape targets are Shape()s of the probabilities (tf2onnx with dynamic dims; "
+    "the generator's batched_3d spelling expands P to Shape(P)), and a Shape read of a fused region's interior "
+    "keeps the scores and softmax computed, for their shape only — rewriting Shape(x) to a shape of surviving "
+    "values (a dim source) is not written yet",
 )
 def test_a_shape_read_of_the_probabilities_does_not_keep_the_softmax():
     model = attention_model(BASE.replaced(**TF2ONNX_EINSUMS[0]))
