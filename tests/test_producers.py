@@ -6,7 +6,7 @@ exporters. Every export fuses the blocks the framework counted — or, for the b
 result matches the original on the export's own feeds.
 
 Each export runs on one target, alternating (both targets and npu are measured by
-``experiments/drift_coverage.py --corpus tests/data/producers``); one in twenty runs in the fast suite, the rest
+``experiments/drift_coverage.py --corpus tests/data/producers``); one in forty runs in the fast suite, the rest
 in the slow one (``-m slow``, which CI runs).
 """
 
@@ -64,7 +64,7 @@ def _cases() -> list:
     cases = []
     for i, (producer, entry) in enumerate(_entries()):
         target = ("ort", "onnx")[i % 2]
-        marks = [] if i % 20 == 3 else [pytest.mark.slow]
+        marks = [] if i % 40 == 3 else [pytest.mark.slow]
         cases.append(pytest.param(producer, entry, target, marks=marks, id=f"{producer.name}-{target}-{entry['file']}"))
     return cases
 
