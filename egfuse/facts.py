@@ -68,6 +68,15 @@ _FINITE_LAYOUT = frozenset(
 """Ops that only move, copy or select elements: a result of finite elements has finite elements."""
 
 
+def _memoized(table: dict, value: ir.Value, unknown, compute):
+    """``table[value]``, computed once by ``compute(value)``; a value reached again while its own answer is being
+    computed (no DAG does that) reads ``unknown``."""
+    if value not in table:
+        table[value] = unknown
+        table[value] = compute(value)
+    return table[value]
+
+
 def _element_type(value: ir.Value, depth: int = 8) -> ir.DataType | None:
     """``value``'s element type; where shape inference left it unset, a Cast's target or the type of the first
     typed input of the elementwise op that made it."""
@@ -151,13 +160,9 @@ class GraphFacts:
         ``Where`` choosing between finite values, a layout op of one, a bool or a finite float cast to a float
         as wide. A mask built once and shared by every layer is computed outside all regions but the first;
         without this the later regions could not prove it finite, and keep a NaN guard the first one drops.
-        Sums are not followed (two finite fills of ``finfo.min`` add up to ``-inf``)."""
-        if value is None:
-            return False
-        if value not in self._finite:
-            self._finite[value] = False  # reached again before it is known (no DAG does that): unknown
-            self._finite[value] = self._is_finite(value)
-        return self._finite[value]
+        Sums and products are followed only through magnitude bounds (two finite fills of ``finfo.min`` add
+        up to ``-inf``: their bound does not fit)."""
+        return value is not None and _memoized(self._finite, value, False, self._is_finite)
 
     def _is_finite(self, value: ir.Value) -> bool:
         const = self.weight(value)
@@ -188,12 +193,7 @@ class GraphFacts:
         is known. Integers are bounded by their type, products and sums by their operands' bounds — so an
         ALiBi bias (``slopes · Cast(int32 positions)``, at most 2³¹·|slope|) is finite in float32, while two
         fills of ``finfo.min`` added (2·3.4e38) are not."""
-        if value is None:
-            return None
-        if value not in self._magnitude:
-            self._magnitude[value] = None  # reached again before it is known (no DAG does that): unknown
-            self._magnitude[value] = self._bound(value)
-        return self._magnitude[value]
+        return None if value is None else _memoized(self._magnitude, value, None, self._bound)
 
     def _bound(self, value: ir.Value) -> float | None:
         dtype = value.dtype
