@@ -280,7 +280,7 @@ def split_sequence_items(graph: ir.Graph, facts: GraphFacts) -> int:
         axis = int(split_node.attributes["axis"].value) if "axis" in split_node.attributes else 0
 
         named = ((start, "start"), (end, "end"), (axis, "axis"))
-        starts, ends, axes = (_int64_constant(v, f"{node.name}_{label}") for v, label in named)
+        starts, ends, axes = (_constant(np.array([v], np.int64), f"{node.name}_{label}") for v, label in named)
         slice_ = ir.Node(
             "",
             "Slice",
@@ -302,10 +302,9 @@ def split_sequence_items(graph: ir.Graph, facts: GraphFacts) -> int:
     return replaced
 
 
-def _int64_constant(value: int, name: str) -> ir.Node:
-    """A ``Constant`` holding ``[value]``, as a Slice's starts/ends/axes input."""
-    tensor = ir.tensor(np.array([value], dtype=np.int64))
-    return ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", tensor)], name=name)
+def _constant(value: np.ndarray, name: str) -> ir.Node:
+    """A ``Constant`` node holding ``value``: a folded literal, a Slice's starts/ends/axes."""
+    return ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(value))], name=name)
 
 
 _LITERAL_ARITHMETIC = frozenset(
@@ -337,7 +336,7 @@ def fold_literal_arithmetic(graph: ir.Graph, facts: GraphFacts) -> int:
         value = facts.const(outputs[0])
         if value is None or not np.issubdtype(value.dtype, np.integer):
             continue
-        constant = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(value))], name=node.name)
+        constant = _constant(value, node.name)
         ir.convenience.replace_nodes_and_values(
             graph,
             insertion_point=node,
