@@ -41,6 +41,11 @@ def judge(
         )
         return dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan")))
     except Exception as err:
+        copies = _float32_copies(original, fused, feeds, weights, err)
+        if copies is not None:
+            report.notes.append(FLOAT32_COPIES_NOTE)
+            wide_original, wide_fused, wide_feeds = copies
+            return judge(wide_original, wide_fused, report, wide_feeds, None, budget)
         # Unproven is not proven: keep the original regions, and say how to give real inputs.
         report.validated = None
         if _does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
@@ -298,6 +303,42 @@ def upstream_only(
 def short(err: BaseException) -> str:
     text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return text[:300]
+
+
+FLOAT32_COPIES_NOTE = (
+    "validated on float32 copies of both models: onnxruntime's CPU provider has no bfloat16 kernels for this model, "
+    "so what each fused region computes is checked, and bfloat16's own rounding (the kernel's) is not"
+)
+
+
+def _float32_copies(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    feeds: dict | None,
+    weights: protos.DetachedWeights | None,
+    err: Exception,
+) -> tuple[onnx.ModelProto, onnx.ModelProto, dict | None] | None:
+    """Float32 copies of both models (and the feeds) where onnxruntime refused a bfloat16 original for want of
+    kernels — its CPU provider runs few bfloat16 ops, the GPUs that run such models do. bfloat16 has float32's
+    exponent range, so the copies keep what the masks' fills and every overflow mean, and only the rounding
+    is the kernel's. None for any other failure, for a model without bfloat16 values, and for a model past
+    protobuf's limit (the copies would cost its weights twice more)."""
+    if not _does_not_load(err) or not _holds_bfloat16(original) or (weights is not None and weights.large):
+        return None
+    copies = []
+    for model in (original, fused):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        copies.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
+    return copies[0], copies[1], validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
+
+
+def _holds_bfloat16(model: onnx.ModelProto) -> bool:
+    graph = model.graph
+    infos = [*graph.input, *graph.output, *graph.value_info]
+    return any(v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 for v in infos) or any(
+        t.data_type == onnx.TensorProto.BFLOAT16 for t in graph.initializer
+    )
 
 
 def _does_not_load(err: Exception) -> bool:

@@ -4,6 +4,7 @@ entries moved one ulp up for the standard op, which reads them as −inf."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -20,8 +21,17 @@ _WIDE_ARITHMETIC = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max
 
 _HALF_LOWEST = frozenset({float(np.finfo(np.float16).min)})
 """float16's finfo.min: in float32 a fill that absorbs any score only at float32's own finfo.min."""
-_LOWEST = frozenset(float(np.finfo(t).min) for t in (np.float16, np.float32, np.float64))
+_LOWEST = frozenset(float(ml_dtypes.finfo(t).min) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64))
 """finfo.min of each float type, as the f64 a fill is kept as in the e-graph."""
+
+
+def float_info(dtype: np.dtype) -> ml_dtypes.finfo | None:
+    """The float type's limits (bfloat16's too: numpy's own ``finfo`` and ``issubdtype`` do not know it as a
+    float), None for any other type."""
+    try:
+        return ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return None
 
 
 class MaskWriter(NodeBuilder):
@@ -164,9 +174,9 @@ class MaskWriter(NodeBuilder):
         if mask is None or mask.dtype is None or not self._may_hold_lowest(bias):
             return mask
         dtype = np.dtype(mask.dtype.numpy())
-        if not np.issubdtype(dtype, np.floating):
+        if (info := float_info(dtype)) is None:
             return mask
-        lowest = np.finfo(dtype).min
+        lowest = info.min
         is_lowest = self.node("Equal", [mask, self.const(np.array(lowest, dtype), "lowest")])
         above = self.const(np.array(moved_lowest(dtype), dtype), "fill")
         return self.node("Where", [is_lowest, above, mask], like=mask)
@@ -183,8 +193,8 @@ class MaskWriter(NodeBuilder):
             return any(self._may_hold_lowest(c) for c in node.children)
         leaf = self.leaf_value(cid)
         array = self.facts.const(leaf) if leaf is not None else None
-        if array is not None and np.issubdtype(array.dtype, np.floating):
-            return bool((array == np.finfo(array.dtype).min).any())
+        if array is not None and (info := float_info(array.dtype)) is not None:
+            return bool((array == info.min).any())
         return True
 
 
@@ -220,8 +230,8 @@ def mask_fill(fill: float, dtype: np.dtype, scale: float = 1.0) -> float:
     :meth:`MaskWriter.mark_exact_fills` gave a finite fill so it absorbs the scores (float32 and float64)."""
     if scale != 1.0 and dtype in (np.float32, np.float64):  # float16 holds no fill that absorbs float32 scores
         return float(dtype.type(fill * scale))
-    lowest = np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else None
-    if lowest is not None and fill == float(lowest):
+    info = float_info(dtype)
+    if info is not None and fill == float(info.min):
         return moved_lowest(dtype)
     return fill
 
@@ -234,9 +244,10 @@ def moved_lowest(dtype: np.dtype) -> float:
     −32752 to overflow, a masked key still gets weight exp(−32752 − max) = 0, and two such fills summed stay
     finite. Widened for the float32 copies validation judges masks on, it is a fill again
     (:func:`egfuse.widen.upcast`)."""
-    lowest = np.finfo(dtype).min
-    if np.finfo(dtype).bits <= 16:
-        return float(dtype.type(lowest / 2))
+    info = float_info(dtype)
+    lowest = info.min
+    if info.bits <= 16:
+        return float(dtype.type(float(lowest) / 2))
     return float(np.nextafter(lowest, dtype.type(0)))
 
 

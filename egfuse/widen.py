@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -28,8 +29,8 @@ def _keep_fills(narrow: np.ndarray, wide: np.ndarray) -> np.ndarray:
     place in the wide type's range: finfo(float16).min absorbs every score it is
     added to in float16, and must still once widened (−65504 in float32 would not, and a clamp at it would
     then change what the graph computes)."""
-    try:
-        top, wide_top = np.finfo(narrow.dtype).max, np.finfo(wide.dtype).max
+    try:  # ml_dtypes.finfo: numpy's own knows no bfloat16
+        top, wide_top = ml_dtypes.finfo(narrow.dtype).max, ml_dtypes.finfo(wide.dtype).max
     except (TypeError, ValueError):
         return wide
     ulp = float(top) - float(np.nextafter(top, narrow.dtype.type(0)))
@@ -123,11 +124,12 @@ def largest_fill(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> float:
 def upcast_feeds(feeds: dict[str, np.ndarray], to: type = np.float32, fills: bool = False) -> dict[str, np.ndarray]:
     """The feeds for :func:`upcast`'s copy: half-precision arrays widened (``to=np.float64``: float32 too);
     ``fills`` as there."""
-    narrow = (np.float16, np.float32) if to == np.float64 else (np.float16,)
+    halves = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+    narrow = (*halves, np.dtype(np.float32)) if to == np.float64 else halves
 
     def widen(value: np.ndarray) -> np.ndarray:
         wide = value.astype(to)
-        return _keep_fills(value, wide) if fills and value.dtype == np.float16 else wide
+        return _keep_fills(value, wide) if fills and value.dtype in halves else wide
 
     return {k: widen(v) if v.dtype in narrow else v for k, v in feeds.items()}
 

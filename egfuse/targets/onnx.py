@@ -7,6 +7,8 @@ rolled back by validation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from egfuse.targets.spec import GELU, NORM_OPS, ROTARY, STANDARD_ATTENTION_OPSET, CostParams, FusedOp, TargetSpec
 
 MASK_NOTE = (
@@ -19,13 +21,18 @@ STANDARD = {
     "opset": STANDARD_ATTENTION_OPSET,
     "positive_scale": True,
     "mask_note": MASK_NOTE,
-    "dtypes": frozenset({"float32", "float16", "float64"}),
+    "dtypes": frozenset({"float32", "float16", "float64", "bfloat16"}),
 }
+BFLOAT16 = frozenset({"bfloat16"})
+"""The standard ops (Attention, RotaryEmbedding and RMSNormalization 23, LayerNormalization 17, Gelu 20) are
+specified for bfloat16 too; onnxruntime's CPU provider has no kernel for them (nor for most ops a bfloat16
+model holds), so such a model is validated on float32 copies (:mod:`egfuse.judge`)."""
+LAYER_OPS = tuple(replace(op, dtypes=op.dtypes | BFLOAT16) for op in (*NORM_OPS, GELU, ROTARY))
 
 SPEC = TargetSpec(
     name="onnx",
     description="standard ONNX Attention (opset 23), for any runtime that implements it",
-    ops=(*(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")), *NORM_OPS, GELU, ROTARY),
+    ops=(*(FusedOp(c, "Attention", **STANDARD) for c in ("attend", "attend_z", "mha", "gqa")), *LAYER_OPS),
     costs=CostParams(),
     requires_standard_opset=True,
 )

@@ -1,0 +1,93 @@
+"""bfloat16 exports (torch's dynamo exporter at opset 18: a BERT and a Llama with grouped K/V heads and RoPE, built
+by ``experiments/corpus.py --set half``). onnxruntime's CPU provider runs almost none of a bfloat16 model, so
+validation judges float32 copies of both models (bfloat16 has float32's range: every fill and overflow keeps its
+meaning there, only the rounding is the kernel's). On the ``onnx`` target, whose standard ops are specified for
+bfloat16, every attention block, rotation and norm fuses. Before, nothing did: no form was priced for bfloat16,
+validation stopped at "the original does not load", and a mask's finfo.min went unmoved (numpy does not know
+bfloat16 as a float), so the standard op would read it as −inf."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+from egfuse import judge, validate
+from egfuse.runner import run
+
+from .conftest import DATA
+
+HALF = DATA / "half"
+MODELS = [m for m in json.loads((HALF / "manifest.json").read_text())["models"] if "bfloat16" in m["flavour"]]
+
+
+def _feeds(entry: dict) -> dict[str, np.ndarray]:
+    return dict(np.load(HALF / entry["file"].replace(".onnx", ".feeds.npz")))
+
+
+def _fused(entry: dict) -> egfuse.FuseResult:
+    return egfuse.fuse(HALF / entry["file"], target="onnx", feeds=_feeds(entry))
+
+
+def test_the_corpus_holds_bfloat16_models_the_cpu_cannot_run():
+    assert len(MODELS) == 2
+    for entry in MODELS:
+        model = onnx.load(HALF / entry["file"])
+        assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16, entry["file"]
+        with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
+            run(model, _feeds(entry))
+
+
+@pytest.mark.parametrize("entry", MODELS, ids=[m["name"] for m in MODELS])
+def test_every_block_rotation_and_norm_fuses_and_validates_on_float32_copies(entry):
+    result = _fused(entry)
+    report = result.report
+    assert report.fused == entry["blocks"] == len(report.regions), str(report)
+    assert report.validated is True and judge.FLOAT32_COPIES_NOTE in report.notes, str(report)
+    assert report.layer_ops and all(r.status == "fused" for r in report.layer_ops), str(report)
+    rotations = 2 * entry["blocks"] if "rope" in entry["flavour"] else 0
+    assert [r.status for r in report.rotary] == ["fused"] * rotations, str(report)
+    ops = {n.op_type for n in result.model.graph.node}
+    assert "Attention" in ops and "Softmax" not in ops, sorted(ops)
+    assert result.model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+    # The numerics, on float32 copies of both (padded rows too: the feeds pad the first row on the left).
+    original = onnx.load(HALF / entry["file"])
+    wide_feeds = validate.upcast_feeds(_feeds(entry), fills=True)
+    expected = run(validate.upcast(original, fills=True), wide_feeds)
+    actual = run(validate.upcast(result.model, fills=True), wide_feeds)
+    for name, e in expected.items():
+        np.testing.assert_allclose(actual[name], e, atol=1e-4, rtol=1e-3, err_msg=name)
+
+
+def test_a_wrong_scale_in_a_bfloat16_fused_model_is_caught():
+    entry = next(m for m in MODELS if m["name"] == "llama_sdpa_bf16")
+    result, original = _fused(entry), onnx.load(HALF / entry["file"])
+    assert judge.judge(original, result.model, result.report, _feeds(entry), None) == {}
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(result.model)
+    attention = next(n for n in wrong.graph.node if n.op_type == "Attention")
+    scale = next(a for a in attention.attribute if a.name == "scale")
+    scale.f *= 1.25
+    failing = judge.judge(original, wrong, result.report, _feeds(entry), None)
+    reasons = [reason for reason, _ in failing.values()]
+    assert reasons and all(r.startswith("outputs differ") for r in reasons), failing
+
+
+def test_a_mask_holding_bfloat16_lowest_is_moved_for_the_standard_op():
+    """onnxruntime's standard Attention reads finfo.min as −inf (a fully masked row gives 0, the graph the mean
+    of V): the mask a bfloat16 fused op gets has its finfo.min entries moved up (to half of it, as in float16),
+    as in float16 and float32."""
+    entry = next(m for m in MODELS if m["name"] == "bert_sdpa_bf16")
+    model = _fused(entry).model
+    consts = {
+        n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"
+    }
+    lowest = float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
+    guards = [n for n in model.graph.node if n.op_type == "Equal" and float(consts.get(n.input[1], 0.0)) == lowest]
+    assert guards, "no Equal(mask, finfo.min) guard was written for the bfloat16 mask"
+    moved = {n.input[1] for n in model.graph.node if n.op_type == "Where" and n.input[0] == guards[0].output[0]}
+    assert [float(consts[m]) for m in moved] == [float(ml_dtypes.bfloat16(lowest / 2))]
