@@ -166,8 +166,9 @@ class GraphFacts:
 
     def _is_finite(self, value: ir.Value) -> bool:
         const = self.weight(value)
-        if const is not None:
-            return bool(np.issubdtype(const.dtype, np.number) and np.all(np.isfinite(const)))
+        if const is not None:  # bfloat16 too: ml_dtypes gives it isfinite, though it is no np.number
+            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
+            return bool(numeric and np.all(np.isfinite(const)))
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx"):
             return False
@@ -204,7 +205,8 @@ class GraphFacts:
             return float(max(abs(int(info.min)), int(info.max)))
         const = self.weight(value)
         if const is not None:
-            if not np.issubdtype(const.dtype, np.number) or not np.all(np.isfinite(const)):
+            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
+            if not numeric or not np.all(np.isfinite(const)):
                 return None
             return float(np.max(np.abs(const))) if const.size else 0.0
         node = value.producer()

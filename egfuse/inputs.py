@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -78,7 +79,7 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
         ]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         name = inp.name.lower()
-        if np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16:
             data = rng.standard_normal(shape).astype(dtype)
             if "mask" in name:
                 data = _padding(shape).astype(dtype)

@@ -75,10 +75,19 @@ class Emitter(MaskWriter):
         :func:`~egfuse.raise_masks.mask_fill`: the mask holds other terms (see :meth:`mark_exact_fills`)."""
 
     def operands(
-        self, q: EClass, k: EClass, v: EClass, bias: EClass, q_axis: int, k_axis: int, cache_allowed: bool
+        self,
+        q: EClass,
+        k: EClass,
+        v: EClass,
+        bias: EClass,
+        q_axis: int,
+        k_axis: int,
+        cache_allowed: bool,
+        wide: bool = False,
     ) -> tuple[list[ir.Value], ir.Value | None, CacheConcat | None]:
         """Q, K, V and the broadcast mask of a fused op — with K/V the new entries and the cache returned when
-        they come from a KV-cache Concat the op can absorb (see :mod:`egfuse.kv_cache`)."""
+        they come from a KV-cache Concat the op can absorb (see :mod:`egfuse.kv_cache`); ``wide``: the mask in
+        float32 (:meth:`~egfuse.raise_masks.MaskWriter.wide_value`)."""
         query, key, value = self.value(q), self.value(k), self.value(v)
         cache = None
         if cache_allowed and key not in self.created and value not in self.created:
@@ -89,15 +98,15 @@ class Emitter(MaskWriter):
             mask_source = None
             if self.choice[bias].node.op != "no_bias":
                 self.mark_exact_fills(bias)
-                mask_source = self.value(bias)
+                mask_source = self.wide_value(bias) if wide else self.value(bias)
             reads = [query, mask_source, cache.past_key, cache.new_key, cache.past_value, cache.new_value]
             if not depends_on(reads, {cache.present_key, cache.present_value}):
                 self.cache_note = "Concat(past, new) absorbed: past_key/past_value in, present outputs from the op"
                 length = (self.facts.shape(cache.present_key) or (None,) * 4)[SEQUENCE_AXIS]
-                mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, (self.key_length(cache), length))
+                mask = self.bias(bias, query, cache.new_key, q_axis, k_axis, (self.key_length(cache), length), wide)
                 return [query, cache.new_key, cache.new_value], mask, cache
             self.cache_note = "Concat(past, new) kept outside: the op's inputs are computed from its output"
-        return [query, key, value], self.bias(bias, query, key, q_axis, k_axis), None
+        return [query, key, value], self.bias(bias, query, key, q_axis, k_axis, wide=wide), None
 
     def with_cache(
         self,

@@ -57,8 +57,10 @@ class MaskWriter(NodeBuilder):
         q_axis: int,
         k_axis: int,
         key_length: tuple[ir.Value, Dim | None] | None = None,
+        wide: bool = False,
     ) -> ir.Value | None:
-        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting.
+        """The additive mask, broadcast to (…, S, T): the kernels index it by query row without broadcasting
+        (``wide``: computed in float32, :meth:`wide_value`).
         ``key_length`` overrides T (the value to read it from, and its dim where known; read from ``key``'s
         shape otherwise). The mask goes as it is only where its last two dims are provably S and T: a mask
         (B, 1, 1, T) of a decode step traced at one token keeps the name ``sequence`` for its query axis while
@@ -66,7 +68,7 @@ class MaskWriter(NodeBuilder):
         if self.choice[cid].node.op == "no_bias":
             return None
         self.mark_exact_fills(cid)
-        mask = self.value(cid)
+        mask = self.wide_value(cid) if wide else self.value(cid)
         known = self.facts.shape(self.leaf_value(cid))  # None for a term the rules built
         s_dim = _axis_dim(self.facts.shape(query), q_axis)
         t_dim = key_length[1] if key_length is not None else _axis_dim(self.facts.shape(key), k_axis)
@@ -95,8 +97,10 @@ class MaskWriter(NodeBuilder):
         node = self.choice[cid].node
         if node.op == "full_like":
             fill = float(view(node).fill)
-            if fill in _HALF_LOWEST:  # the end of the half type's range stays at the end of float32's
-                fill = float(np.finfo(np.float32).min)
+            if fill in _HALF_LOWEST:  # the end of the half type's range stays at the end of float32's (moved
+                # one ulp up where the standard op would read it as −inf: see mask_fill), never scaled
+                wide_type = np.dtype(np.float32)
+                fill = float(np.finfo(wide_type).min) if cid in self.exact_fills else moved_lowest(wide_type)
             else:
                 fill = self.fill_number(cid, fill, np.dtype(np.float32))
             wide = self.const(np.array(fill, np.float32), "fill")
@@ -105,12 +109,68 @@ class MaskWriter(NodeBuilder):
             wide = self.node("Where", [self.value(a.cond), self.wide_value(a.a), self.wide_value(a.b)])
         elif node.op in _WIDE_ARITHMETIC:
             wide = self.node(_WIDE_ARITHMETIC[node.op], [self.wide_value(c) for c in node.children])
+        elif (array := self._half_constant(cid)) is not None:  # a clamp's bound: a fill, so the ends stay ends
+            info = float_info(array.dtype)
+            widened = array.astype(np.float32)
+            widened[array == info.min], widened[array == info.max] = np.finfo(np.float32).min, np.finfo(np.float32).max
+            wide = self.const(widened, "fill")
         else:
             value = self.value(cid)
             wide = value if value.dtype == ir.DataType.FLOAT else self.node("Cast", [value], {"to": ir.DataType.FLOAT})
         wide.dtype = ir.DataType.FLOAT
         self.wide_memo[cid] = wide
         return wide
+
+    def _half_constant(self, cid: EClass) -> np.ndarray | None:
+        """The values of a small half-precision constant of the graph standing in a mask (OPT's clamp at
+        finfo.min), None for anything else."""
+        leaf = self.leaf_value(cid)
+        array = self.facts.const(leaf) if leaf is not None else None
+        if array is None or array.size > 64 or (info := float_info(array.dtype)) is None or info.bits > 16:
+            return None
+        return np.asarray(array)
+
+    def selects_fills(self, cid: EClass) -> bool:
+        """Whether the mask ``cid`` holds a select's absorbing fill (a ``full_like`` under a ``where``: the graph
+        replaced the masked scores by it; :meth:`_absorbing_select_fill`) and no finite one. A query row whose
+        every key such a fill hides is uniform over them in the graph however large the scores; an additive mask
+        keeps that only where the fill absorbs every score added to it, which no half-precision number does for
+        a kernel that adds in float32 (|S| > 16 against float16's finfo.min), so a float16 fused op gets such a
+        mask in float32 (:meth:`wide_value`). A finite select fill (−1e4) hides only scores well above it: on
+        scores below it the select and any additive mask differ in every row, widened or not, so a mask holding
+        one stays as it is (validation judges it; widening it moved the difference to where fewer feeds see
+        it)."""
+        stack, seen, absorbing = [cid], set(), False
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            node = self.choice[current].node
+            if node.op == "where":
+                branches = (view(node).a, view(node).b)
+                for branch in branches:
+                    branch_node = self.choice[branch].node
+                    if branch_node.op != "full_like" or float(view(branch_node).fill) > MASK_FILL_MAX:
+                        continue  # a value, or the 0 of an additive mask's unmasked entries: not a fill
+                    if not self._absorbing_select_fill(branch):
+                        return False
+                    absorbing = True
+                stack.extend(branches)
+            elif node.op in _WIDE_ARITHMETIC:
+                stack.extend(node.children)
+        return absorbing
+
+    def _absorbing_select_fill(self, cid: EClass) -> bool:
+        """A select fill that hides every score it stands for whatever their size: −inf, or a fill at the end of
+        a half type's range (or past −1e30). A finite fill like −1e4 hides only scores well above it — on
+        scores below it the graph's select and any additive mask differ in every row, so widening it would only
+        make the two differ elsewhere: such masks stay as they are (and validation judges them)."""
+        node = self.choice[cid].node
+        if node.op != "full_like":
+            return False
+        fill = float(view(node).fill)
+        return fill == float("-inf") or fill in _HALF_LOWEST or fill <= ABSORBING_FILL
 
     def mark_exact_fills(self, cid: EClass) -> None:
         """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of
@@ -174,7 +234,9 @@ class MaskWriter(NodeBuilder):
         if mask is None or mask.dtype is None or not self._may_hold_lowest(bias):
             return mask
         dtype = np.dtype(mask.dtype.numpy())
-        if (info := float_info(dtype)) is None:
+        if (info := float_info(dtype)) is None or dtype == ml_dtypes.bfloat16:
+            # bfloat16's finfo.min is no float32 number's end: a kernel that computes in float32 reads it as
+            # finite (and onnxruntime has no Equal for bfloat16 to move it with, on any provider)
             return mask
         lowest = info.min
         is_lowest = self.node("Equal", [mask, self.const(np.array(lowest, dtype), "lowest")])

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from egfuse.enodes import view
 from egfuse.kv_cache import find_cache
+from egfuse.raise_masks import float_info
 from egfuse.rotary_write import rotary
 from egfuse.session import EClass, ENode
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, FusedOp
@@ -33,7 +34,11 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     three_d = node.op in ("mha", "gqa")
     seq_axis = 1 if three_d else 2
-    inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=not three_d and op.absorbs_cache)
+    # A float16 select mask goes in float32 (the op's mask type is free): see MaskWriter.selects_fills.
+    # bfloat16 has float32's range: its fills absorb float32 scores as they are.
+    wide = e.float_dtype(e.value(q)) == np.float16 and e.selects_fills(bias)
+    allowed = not three_d and op.absorbs_cache
+    inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=allowed, wide=wide)
     mask = e.finite_mask(bias, mask)
     attrs: dict[str, object] = {"scale": float(scale)}
     if float(cap) != 0.0:
@@ -47,6 +52,12 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     else:
         args = [*inputs, mask] if mask is not None else inputs
     return e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+
+
+def _is_half(dtype: np.dtype) -> bool:
+    """float16 or bfloat16."""
+    info = float_info(dtype)
+    return info is not None and info.bits <= 16
 
 
 def _static_width(e: Emitter, v: EClass, value: ir.Value) -> ir.Value:
@@ -141,7 +152,7 @@ def single_head(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     if cache is not None:
         e.cache_note = "split-score: scores against the cache and the new keys apart, no Concat inside attention"
     dtype = e.float_dtype(query)
-    half = np.finfo(dtype).bits <= 16  # mask and softmax in float32 (see the docstring)
+    half = _is_half(dtype)  # mask and softmax in float32 (see the docstring)
     masks = _per_head_mask(e, bias, heads, wide=half)
     k_group, v_group = heads // k_heads, heads // v_heads
     softmax_dtype = np.dtype(np.float32) if half else dtype

@@ -18,6 +18,12 @@ The GPU machine has no egglog, so the work is split in three:
     python experiments/gpu_timer.py experiments/corpus/gpu/carry "$OUT"     # there: time on CUDA (IOBinding)
     python experiments/bench_gpu.py collect GPU_RAW.json [--fit-profile]    # here: ratios (and the profile), tables
 
+On the GPU machine, after carrying the six pieces of onnxruntime-gpu (../shared/gpu/README.md), join and install
+them under a wheel name that carries the version (pip refuses ``onnxruntime_gpu-cp312-…``, the name
+../shared/gpu/assemble.sh writes): ``cat piece0 … piece5 > onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+&& pip install --no-deps --target /tmp/site …``, then ``PYTHONPATH=/tmp/site python3 experiments/gpu_timer.py``
+(``--only NAME …`` times some rows and checks; ``--budget`` seconds stops starting rows).
+
 ``prepare`` writes the models without their weights (``__random__`` external data, filled there), about
 10 MB in all, so that they travel to the GPU machine in one device call beside the last piece of
 onnxruntime-gpu (../shared/gpu/README.md). ``collect`` writes results/latency_gpu.json (``device``,
@@ -63,6 +69,11 @@ ROWS = [  # (kind, batch, attention length)
     ("bert", 8, 512), ("bert", 2, 2048), ("llama", 8, 512), ("llama", 1, 4096), ("vit", 8, 577),
     ("whisper_encoder", 4, 1500), ("llama_decode", 8, 1024), ("llama_decode", 1, 4096),
 ]  # fmt: skip
+BF16_ROWS = [("bert", 8, 512), ("llama", 8, 512)]
+"""The same BERT and Llama exported in bfloat16 (rows named ``bert_bf16``, ``llama_bf16``)."""
+BF16_TOOLS = ["onnxscript", "ort", "egfuse:onnx", "egfuse:ort:cuda"]
+"""Tools that write something for a bfloat16 model: the ``ort`` target priced for the CPU has no bfloat16 kernel
+to choose from (onnxruntime's CPU provider runs no bfloat16 model) and leaves it unchanged, saying so."""
 DYNAMIC = {"bert", "llama"}
 """Exported once with symbolic batch and length; the others at each row's sizes (a ViT's patch count is its
 image, a Whisper encoder's length its positions, a decode step's cache length is fixed by torch.export)."""
@@ -101,8 +112,8 @@ def example_inputs(kind: str, batch: int, seq: int, small: bool = False) -> dict
     return feeds
 
 
-def build(kind: str, batch: int, seq: int, shapes: tuple[int, int, int, int] | None = None):
-    """The float16 module, its example inputs and its output names."""
+def build(kind: str, batch: int, seq: int, shapes: tuple[int, int, int, int] | None = None, dtype: str = "float16"):
+    """The half-precision module (``dtype``: float16 or bfloat16), its example inputs and its output names."""
     import torch
     from transformers import BertConfig, BertModel, LlamaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel
 
@@ -135,16 +146,19 @@ def build(kind: str, batch: int, seq: int, shapes: tuple[int, int, int, int] | N
         raise ValueError(f"unknown model kind {kind!r}")
     from bench_latency import exportable
 
-    return exportable(inner.half(), list(inputs)), inputs, ["last_hidden_state"]
+    half = inner.to(torch.bfloat16) if dtype == "bfloat16" else inner.half()
+    return exportable(half, list(inputs)), inputs, ["last_hidden_state"]
 
 
-def export(kind: str, batch: int, seq: int, opset: int, path: Path, shapes=None, inputs=None) -> Path:
+def export(
+    kind: str, batch: int, seq: int, opset: int, path: Path, shapes=None, inputs=None, dtype: str = "float16"
+) -> Path:
     import torch
 
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    model, example, outputs = build(kind, batch, seq, shapes)
+    model, example, outputs = build(kind, batch, seq, shapes, dtype)
     example = inputs if inputs is not None else example
     dynamic = None
     if kind in DYNAMIC:
@@ -157,8 +171,9 @@ def export(kind: str, batch: int, seq: int, opset: int, path: Path, shapes=None,
     return path
 
 
-def source_name(kind: str, batch: int, seq: int) -> str:
-    return kind if kind in DYNAMIC else f"{kind}_b{batch}_s{seq}"
+def source_name(kind: str, batch: int, seq: int, dtype: str = "float16") -> str:
+    name = kind if kind in DYNAMIC else f"{kind}_b{batch}_s{seq}"
+    return f"{name}_bf16" if dtype == "bfloat16" else name
 
 
 def optimize(tool: str, source: Path, kind: str, out: Path, shapes: tuple | None = None) -> dict:
@@ -214,27 +229,29 @@ def input_spec(kind: str, batch: int, seq: int) -> dict:
 
 def prepare_rows(log=print) -> list[dict]:
     rows, made = [], {}
-    for kind, batch, seq in ROWS:
-        name = source_name(kind, batch, seq)
+    every = [(*row, "float16") for row in ROWS] + [(*row, "bfloat16") for row in BF16_ROWS]
+    for kind, batch, seq, dtype in every:
+        name = source_name(kind, batch, seq, dtype)
         if name not in made:
-            source = export(kind, batch, seq, 18, FULL / name / "original.onnx")
+            source = export(kind, batch, seq, 18, FULL / name / "original.onnx", dtype=dtype)
             variants = {ORIGINAL: source}
             records = {}
-            for tool in TOOLS:
+            for tool in TOOLS if dtype == "float16" else BF16_TOOLS:
                 out = FULL / name / f"{tool.replace(':', '_')}.onnx"
                 records[tool] = optimize(tool, source, kind, out)
                 log(f"{name} {tool}: {_summary(records[tool])}")
                 if records[tool].get("ok"):
                     variants[tool] = out
             try:
-                variants[TORCH23] = export(kind, batch, seq, 23, FULL / name / "torch_opset23.onnx")
+                variants[TORCH23] = export(kind, batch, seq, 23, FULL / name / "torch_opset23.onnx", dtype=dtype)
             except Exception as err:  # recorded, not fatal
                 records[TORCH23] = {"ok": False, "error": str(err)[:300]}
             for path in variants.values():
                 strip(path, CARRY / name / path.name)
             made[name] = ({t: f"{name}/{p.name}" for t, p in variants.items()}, records)
         variants, records = made[name]
-        rows.append({"model": kind, "batch": batch, "seq": seq, "inputs": input_spec(kind, batch, seq),
+        model = kind if dtype == "float16" else f"{kind}_bf16"
+        rows.append({"model": model, "batch": batch, "seq": seq, "inputs": input_spec(kind, batch, seq),
                      "variants": variants, "records": records})  # fmt: skip
     return rows
 
@@ -243,29 +260,36 @@ def _summary(record: dict) -> str:
     return f"{record.get('seconds', 0):.1f} s, fused {record.get('fused')}" if record.get("ok") else record["error"]
 
 
-CHECKS = {"bert": ((64, 4, 4, 128), 3, 12), "llama": ((64, 4, 2, 128), 3, 12)}
-"""Small models with real weights for the correctness table: shapes, batch, length."""
+CHECKS = {
+    "check_bert": ("bert", (64, 4, 4, 128), 3, 12, "float16"),
+    "check_llama": ("llama", (64, 4, 2, 128), 3, 12, "float16"),
+    "check_bert_bf16": ("bert", (64, 4, 4, 128), 3, 12, "bfloat16"),
+    "check_llama_bf16": ("llama", (64, 4, 2, 128), 3, 12, "bfloat16"),
+}
+"""Small models with real weights for the correctness table: kind, shapes, batch, length, dtype. The bfloat16
+ones check on CUDA what validation here cannot (onnxruntime's CPU provider runs no bfloat16 model, so egfuse
+judged float32 copies): the kernels' own bfloat16 rounding."""
 
 
 def prepare_checks(log=print) -> list[dict]:
-    """Small float16 models with their weights and padded masks (BERT padded on the right, Llama on the left)."""
+    """Small half-precision models with their weights and padded masks (the first row padded on the right, the
+    second on the left)."""
     checks = []
-    for kind, (shapes, batch, seq) in CHECKS.items():
-        name = f"check_{kind}"
+    for name, (kind, shapes, batch, seq, dtype) in CHECKS.items():
         rng = np.random.default_rng(1)
         feeds = {"input_ids": rng.integers(0, VOCAB, (batch, seq)), "attention_mask": np.ones((batch, seq), np.int64)}
         feeds["attention_mask"][0, seq // 2 :] = 0  # right padding
         feeds["attention_mask"][1, : seq // 3] = 0  # left padding
-        source = export(kind, batch, seq, 18, CARRY / name / "original.onnx", shapes=shapes)
+        source = export(kind, batch, seq, 18, CARRY / name / "original.onnx", shapes=shapes, dtype=dtype)
         variants = {ORIGINAL: f"{name}/original.onnx"}
-        for tool in TOOLS:
+        for tool in TOOLS if dtype == "float16" else BF16_TOOLS:
             out = CARRY / name / f"{tool.replace(':', '_')}.onnx"
             record = optimize(tool, source, kind, out, shapes)
             log(f"{name} {tool}: {_summary(record)}")
             if record.get("ok"):
                 variants[tool] = f"{name}/{out.name}"
         try:
-            export(kind, batch, seq, 23, CARRY / name / "torch_opset23.onnx", shapes=shapes)
+            export(kind, batch, seq, 23, CARRY / name / "torch_opset23.onnx", shapes=shapes, dtype=dtype)
             variants[TORCH23] = f"{name}/torch_opset23.onnx"
         except Exception as err:
             log(f"{name} torch opset 23: {err}")
@@ -321,8 +345,9 @@ def prepare_calibration(log=print) -> list[dict]:
 
 
 def prepare(args) -> int:
+    calibration = prepare_calibration() if args.calibration else []
     manifest = {"egfuse": source_fingerprint(), "rows": prepare_rows(), "checks": prepare_checks(),
-                "calibration": prepare_calibration()}  # fmt: skip
+                "calibration": calibration}  # fmt: skip
     (CARRY / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
     size = sum(p.stat().st_size for p in CARRY.rglob("*") if p.is_file())
     print(f"wrote {CARRY.relative_to(REPO)} ({size / 2**20:.1f} MiB): carry it to the GPU machine")
@@ -404,7 +429,8 @@ def ratio_table(result: dict) -> str:
 def markdown(result: dict) -> str:
     columns = COLUMNS
     lines = [
-        f"# Latency on the GPU ({result['device']}, onnxruntime {result['onnxruntime']}, CUDA provider, float16)",
+        f"# Latency on the GPU ({result['device']}, onnxruntime {result['onnxruntime']}, CUDA provider, float16;"
+        " rows named _bf16: bfloat16)",
         "",
         "Median time of each tool's output over the unfused export's, measured side by side in one run "
         "(IOBinding, runs interleaved; lower is faster). Written by `experiments/bench_gpu.py collect`.",
@@ -413,16 +439,23 @@ def markdown(result: dict) -> str:
         ratio_table(result).rstrip(),
         "",
         "",
-        "Correctness on CUDA (small float16 models with their weights, padded masks): largest difference "
-        "from the unfused model on CUDA over the positions the mask keeps.",
+        "Correctness on CUDA (small float16 and bfloat16 models with their weights, padded masks): largest "
+        "difference from the unfused model on CUDA over the positions the mask keeps (CUDA vs CPU: — where "
+        "onnxruntime's CPU provider cannot run the model, bfloat16).",
         "",
         "| model | CUDA vs CPU (original) | " + " | ".join(columns) + " |",
         "|---|---|" + "---|" * len(columns),
     ]
     for check in result["checks"]:
+        if "error" in check:  # the original itself did not run on CUDA
+            lines.append(
+                f"| {check['name']} | the original does not run: {check['error'][:80]} |" + " |" * len(columns)
+            )
+            continue
         d = check["max_abs_diff"]
         cells = [f"{d[c]:.2g}" if c in d else check["errors"].get(c, "—")[:40] for c in columns]
-        lines.append(f"| {check['name']} | {check['cuda_vs_cpu_original']:.2g} | " + " | ".join(cells) + " |")
+        cpu = check.get("cuda_vs_cpu_original")
+        lines.append(f"| {check['name']} | {'—' if cpu is None else f'{cpu:.2g}'} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -454,7 +487,9 @@ def collect(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("prepare", help="export, optimize and strip the models here")
+    made = sub.add_parser("prepare", help="export, optimize and strip the models here")
+    made.add_argument("--no-calibration", dest="calibration", action="store_false",
+                      help="leave out the blocks the CUDA profile is fitted on (a timing run only)")  # fmt: skip
     read = sub.add_parser("collect", help="read the GPU machine's gpu_raw.json back")
     read.add_argument("raw")
     read.add_argument("--fit-profile", action="store_true", help=f"also fit {PROFILE.relative_to(REPO)} from it")

@@ -120,6 +120,20 @@ def time_row(row: dict, folder: Path, seconds: float, rounds: int, log) -> dict:
             "runs": {t: len(ms) for t, ms in samples.items()}, "errors": errors}  # fmt: skip
 
 
+def float_outputs(model: bytes) -> bytes:
+    """The model with each bfloat16 output cast to float32: onnxruntime's Python API returns no bfloat16 array."""
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    for output in graph.output:
+        if output.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16:
+            inner = output.name + "_bf16"
+            for node in graph.node:
+                node.output[:] = [inner if o == output.name else o for o in node.output]
+            graph.node.append(onnx.helper.make_node("Cast", [inner], [output.name], to=onnx.TensorProto.FLOAT))
+            output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return proto.SerializeToString()
+
+
 def check_model(check: dict, folder: Path) -> dict:
     """One small model with its weights on CUDA: each variant's output against the original's, over the query
     rows the attention mask keeps (a padded position's output is whatever its fully masked rows give), and the
@@ -129,23 +143,60 @@ def check_model(check: dict, folder: Path) -> dict:
     feeds = dict(np.load(folder / check["feeds"]))
     keep = feeds[check["mask"]].astype(bool) if check.get("mask") else None
     out: dict = {"name": check["name"], "max_abs_diff": {}, "errors": {}}
-    original = (folder / check["variants"]["original"]).read_bytes()
+    original = float_outputs((folder / check["variants"]["original"]).read_bytes())
     expected = cuda_session(original).run(None, feeds)[0].astype(np.float64)
-    cpu = ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float64)
+    try:
+        cpu = ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    except Exception:  # bfloat16: the CPU provider has no kernels for most of the model
+        cpu = None
 
     def diff(a: np.ndarray) -> float:
         d = np.abs(a.astype(np.float64) - expected)
         d = d[keep] if keep is not None and d.shape[:2] == keep.shape else d
         return float(np.nan_to_num(d, nan=np.inf).max())
 
-    out["cuda_vs_cpu_original"] = diff(cpu)
+    out["cuda_vs_cpu_original"] = diff(cpu) if cpu is not None else None
     for tool, rel in check["variants"].items():
         if tool == "original":
             continue
         try:
-            out["max_abs_diff"][tool] = diff(cuda_session((folder / rel).read_bytes()).run(None, feeds)[0])
+            fused = float_outputs((folder / rel).read_bytes())
+            out["max_abs_diff"][tool] = diff(cuda_session(fused).run(None, feeds)[0])
         except Exception as err:
             out["errors"][tool] = str(err).strip().splitlines()[-1][:300]
+    return out
+
+
+def probe_mask_types() -> dict:
+    """Whether CUDA's kernels take a float32 mask beside float16 (and bfloat16) Q/K/V — the standard
+    ``Attention``'s mask type is free (``U``), and egfuse writes a half-precision select mask in float32 so a
+    query row whose every key is masked stays the mean of V — and what such a row gives there."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    for name, elem in (("float16", TensorProto.FLOAT16), ("bfloat16", TensorProto.BFLOAT16)):
+        dtype = np.float32  # the model casts them to the type probed
+        # float32 inputs cast inside (onnxruntime's Python API takes no bfloat16 array), the output cast back
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "qkvm"]
+        nodes = [helper.make_node("Cast", [n], [n + "_h"], to=elem) for n in "qkv"]
+        nodes.append(helper.make_node("Attention", ["q_h", "k_h", "v_h", "m"], ["y_h"], scale=1.0))
+        nodes.append(helper.make_node("Cast", ["y_h"], ["y"], to=TensorProto.FLOAT))
+        graph = helper.make_graph(nodes, "probe", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+        q, k, v = ((rng.standard_normal((2, 4, 8, 64)) * 8).astype(dtype) for _ in range(3))
+        mask = np.zeros((2, 1, 8, 8), np.float32)
+        mask[0, 0, 0, :] = np.nextafter(np.finfo(np.float32).min, 0)  # a row masked entirely
+        mask[1, 0, :, 4:] = -1e30
+        try:
+            y = cuda_session(model.SerializeToString()).run(None, {"q": q, "k": k, "v": v, "m": mask})[0]
+            mean = v[0].astype(np.float64).mean(axis=1)
+            out[name] = {
+                "runs": True,
+                "fully_masked_row_vs_mean_of_v": float(np.abs(y[0, :, 0].astype(np.float64) - mean).max()),
+            }
+        except Exception as err:
+            out[name] = {"runs": False, "error": str(err).strip().splitlines()[-1][:300]}
     return out
 
 
@@ -165,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--budget", type=float, default=330.0, help="stop starting new rows after this long")
     parser.add_argument("--provider", default="CUDAExecutionProvider", help="CPUExecutionProvider: a dry run here")
+    parser.add_argument("--only", nargs="+", help="time only these rows and checks (model or check names)")
     args = parser.parse_args(argv)
     global PROVIDER, DEVICE
     PROVIDER, DEVICE = args.provider, "cuda" if args.provider == "CUDAExecutionProvider" else "cpu"
@@ -173,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     manifest = json.loads((args.folder / "manifest.json").read_text())
+    if args.only:
+        manifest["rows"] = [r for r in manifest["rows"] if r["model"] in args.only]
+        manifest["checks"] = [c for c in manifest.get("checks", []) if c["name"] in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"device": device_name(), "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
               "seconds_per_row": args.seconds, "rows": [], "checks": [], "calibration": []}  # fmt: skip
@@ -185,8 +240,18 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "gpu_raw.json").write_text(json.dumps(result, indent=1))
 
     log(f"{result['device']}, onnxruntime {result['onnxruntime']}, {result['providers']}")
+    try:
+        result["probes"] = {"float32 mask beside half-precision Q/K/V": probe_mask_types()}
+    except Exception as err:  # a probe is not the run
+        result["probes"] = {"error": str(err)[:300]}
+    log(f"probes: {result['probes']}")
+    save()
     for check in manifest.get("checks", []):
-        result["checks"].append(check_model(check, args.folder))
+        try:
+            result["checks"].append(check_model(check, args.folder))
+        except Exception as err:  # the original does not run here (a bfloat16 op without a kernel): a result
+            reason = str(err).strip().splitlines()[-1][:300] if str(err).strip() else type(err).__name__
+            result["checks"].append({"name": check["name"], "error": reason, "max_abs_diff": {}, "errors": {}})
         log(f"check {check['name']}: {result['checks'][-1]}")
         save()
     for row in manifest["rows"]:

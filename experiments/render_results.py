@@ -70,8 +70,9 @@ def table() -> str:
     if gpu.exists():
         data = json.loads(gpu.read_text())
         lines += [f"Fused-model latency on onnxruntime's CUDA provider ({data['device']}, onnxruntime "
-                  f"{data['onnxruntime']}), float16, relative to the unfused export (lower is faster; "
-                  "`experiments/results/latency_gpu.md`; `egfuse:ort:cuda` is `--provider CUDAExecutionProvider`):",
+                  f"{data['onnxruntime']}), float16 (rows named _bf16: bfloat16), relative to the unfused export "
+                  "(lower is faster; `experiments/results/latency_gpu.md`; `egfuse:ort:cuda` is "
+                  "`--provider CUDAExecutionProvider`):",
                   "", data["markdown_table"].rstrip(), ""]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 

@@ -58,11 +58,38 @@ SPEC = UNCALIBRATED.with_profile(json.loads(PROFILE.read_text())) if PROFILE.is_
 CUDA_PROFILE = resources.files("egfuse") / "data" / "ort_cuda_profile.json"
 """The CUDA provider's measurement (experiments/bench_gpu.py on an H200)."""
 
+CUDA_BFLOAT16 = frozenset(
+    {
+        "mha",
+        "mha_kv4",
+        "attend",
+        "attend_z",
+        "gqa",
+        "rms_norm",
+        "layer_norm",
+        "skip_layer_norm",
+        "skip_rms_norm",
+        "rotary",
+    }
+)
+"""Forms whose op onnxruntime's CUDA provider ran in bfloat16 (an H100, onnxruntime-gpu 1.31.1: bfloat16 BERT and
+Llama exports fused by onnxscript — MultiHeadAttention, the skip norms — and by egfuse, experiments/results/
+latency_gpu.md). The others (packed-QKV Attention, the contrib Gelu and BiasGelu) were not seen to, and a model
+that loads nowhere is worse than one left unfused; a bfloat16 model is validated on float32 copies
+(:mod:`egfuse.judge`)."""
+
+
+def _on_cuda(op: FusedOp) -> FusedOp:
+    if op.constructor == "mha_kv4":  # CUDA's MultiHeadAttention refuses a cache beside (B, N, T, H) keys
+        op = replace(op, absorbs_cache=False)
+    return replace(op, dtypes=op.dtypes | {"bfloat16"}) if op.constructor in CUDA_BFLOAT16 else op
+
+
 CUDA_UNCALIBRATED = replace(
     UNCALIBRATED,
     description=UNCALIBRATED.description + " (costs of onnxruntime's CUDA provider)",
     keep_unfused=True,  # a decode step's few small kernels beat the standard op's launch on CUDA (measured)
-    ops=tuple(replace(op, absorbs_cache=False) if op.constructor == "mha_kv4" else op for op in UNCALIBRATED.ops),
+    ops=tuple(_on_cuda(op) for op in UNCALIBRATED.ops),
 )
 CUDA_SPEC = (
     CUDA_UNCALIBRATED.with_profile(json.loads(CUDA_PROFILE.read_text()))

@@ -1,0 +1,74 @@
+"""A half-precision select mask goes to the standard ``Attention`` in float32.
+
+``Where(m, S, F)`` replaces the masked scores by the fill: a query row whose every key it hides is uniform over
+them however large the scores, the mean of V. The fused op adds its mask to the scores instead, which keeps
+that only where the fill absorbs every score added to it — and no float16 number does for a kernel that adds in
+float32 (|S| > 16 against float16's finfo.min, |S| > 4 against −1e4). The op's mask type is free (``U``), so
+the select mask is written in float32, its fills absorbing (float32's finfo.min moved one ulp up, finite fills
+times a power of two past 1e30), as float32 models have it. Before, such blocks were rolled back on float16
+(a fully masked row 2-4 off the graph's) or, on the ``onnx`` target, gave inf on large scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+from egfuse.testing import Variant, attention_model, disagreements, feeds_for
+
+SELECTS = [
+    pytest.param(
+        Variant(scale="q_mul", k_layout="dynamo_3d", mask="where_finfo", head_dim=16, kv_heads=1, dtype="float16",
+                rope=True, rope_partial=True, position_bias=True, matmul="batched_3d", text_dims=True, seed=9793),
+        id="finfo-select-position-bias",
+    ),
+    pytest.param(
+        Variant(scale="none", k_layout="transpose_0132", mask="where_neginf", causal="buffer_local", kv_heads=1,
+                head_dim=128, dtype="float16", rope=True, rope_tables="buffer", rope_interleaved=True,
+                rope_seq_first=True, concat="sequence", clamp=True, query_bias="gated", dropout="ratio", seed=40258),
+        id="neginf-select-local-causal-clamp",
+    ),
+]  # fmt: skip
+
+
+def _mask_types(model: onnx.ModelProto) -> list[int]:
+    """The element type of each standard Attention's mask input."""
+    typed = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*typed.graph.value_info, *typed.graph.input]}
+    types.update({n.output[0]: n.attribute[0].t.data_type for n in model.graph.node if n.op_type == "Constant"})
+    attention = [n for n in model.graph.node if n.op_type == "Attention" and n.domain == ""]
+    return [types.get(n.input[3], 0) for n in attention if len(n.input) > 3 and n.input[3]]
+
+
+@pytest.mark.parametrize("variant", SELECTS)
+def test_a_float16_select_mask_fuses_into_the_standard_op_in_float32(variant):
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert _mask_types(result.model) == [onnx.TensorProto.FLOAT]
+    for seed in range(4):  # the judge's own feeds (left padding under the causal masks: fully masked rows)
+        feeds = feeds_for(model, seed=seed, batch=3, seq=6, left_padding=True)
+        assert disagreements(model, result.model, feeds) == [], seed
+
+
+def test_an_additive_float16_mask_stays_float16():
+    """HF's SDPA masks are added by the graph too (S + finfo.min): nothing to keep there that a float16 mask
+    loses, and a float32 copy of a (B, 1, S, T) mask per layer would cost memory and a cast for nothing."""
+    model = attention_model(Variant(mask="additive", causal="trilu", dtype="float16", heads=2))
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert set(_mask_types(result.model)) == {onnx.TensorProto.FLOAT16}
+
+
+def test_a_fully_masked_row_is_the_mean_of_v_on_large_scores():
+    variant = SELECTS[0].values[0]
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="onnx")
+    feeds = feeds_for(model, seed=3, batch=2, seq=6, left_padding=True)
+    feeds["mask"] = np.zeros_like(feeds["mask"])  # every key of every row hidden
+    feeds["x"] = (feeds["x"].astype(np.float32) * 16).astype(np.float16)  # scores far past the fill's ulp
+    expected = egfuse.validate.run(model, feeds)
+    actual = egfuse.validate.run(result.model, feeds)
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name].astype(np.float32), value.astype(np.float32), atol=2e-2, rtol=1e-2)
