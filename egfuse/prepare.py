@@ -41,13 +41,17 @@ def prepare(loaded: LoadedModel, target: TargetSpec, will_validate: bool) -> tup
 
 def needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
     """A target that may choose the standard ops (``ort``) chose one in a model below opset 23."""
-    if default_opset(prepared) >= STANDARD_ATTENTION_OPSET:
+    opset = default_opset(prepared)
+    if opset >= STANDARD_ATTENTION_OPSET:
         return False
-    return any(n.op_type in _STANDARD_OPS and n.domain in ("", "ai.onnx") for n in fused.graph.node)
+    standard = _STANDARD_OPS | ({"Gelu"} if opset < GELU_OPSET else set())
+    return any(n.op_type in standard and n.domain in ("", "ai.onnx") for n in fused.graph.node)
 
 
 _STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization"})
 """The default-domain ops egfuse writes that need opset 23."""
+GELU_OPSET = 20
+"""The standard Gelu's: below it, a Gelu the ort target wrote raises the model to opset 23 with the rest."""
 
 
 def admit_standard_attention(

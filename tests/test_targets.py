@@ -138,15 +138,19 @@ def test_npu_decode_step_of_one_token_fuses():
 
 
 def test_same_model_different_targets_give_different_validated_programs():
+    """Every target, and ort priced for CUDA, writes its own program."""
+    from egfuse.validate import Settings
+
     model = attention_model(Variant(heads=4, k_layout="transpose_0132"))
     feeds = feeds_for(model)
+    cuda = Settings(providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
     written = {}
-    for target in TARGETS:
-        result = egfuse.fuse(model, target=target, feeds=feeds)
-        assert result.report.fused == 1 and result.report.validated is True, f"{target}\n{result.report}"
+    for name, target, validation in [*((t, t, None) for t in TARGETS), ("ort:cuda", "ort", cuda)]:
+        result = egfuse.fuse(model, target=target, feeds=feeds, validation=validation)
+        assert result.report.fused == 1 and result.report.validated is True, f"{name}\n{result.report}"
         assert_same_outputs(model, result.model, feeds)
-        written[target] = result.report.regions[0].fused_into, tuple(sorted(op_counts(result.model).items()))
-    assert len(set(written.values())) == len(TARGETS), written
+        written[name] = result.report.regions[0].fused_into, tuple(sorted(op_counts(result.model).items()))
+    assert len(set(written.values())) == len(written), written
 
 
 def test_shape_binding_is_validated_by_the_cli(tmp_path, capsys):
@@ -158,3 +162,21 @@ def test_shape_binding_is_validated_by_the_cli(tmp_path, capsys):
     assert "NAME=SIZE" in capsys.readouterr().err
     assert cli.main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--shape", "seq=512,batch=4"]) == 0
     assert (tmp_path / "o.onnx").exists()
+
+
+def test_the_cpu_priced_ort_target_offers_packed_attention_only_below_opset_23():
+    """Packed-QKV Attention won single-block timings on onnxruntime's CPU and lost whole encoders to the standard
+    op (targets/ort.CPU_WHOLE_MODEL_LOSERS): priced for the CPU it comes back only where the standard op cannot
+    be written; priced for CUDA it is always there."""
+    from egfuse.targets import for_provider
+
+    ort = TARGETS["ort"]
+    assert "packed_attention" not in {op.constructor for op in ort.ops}
+    assert "packed_attention" in {op.constructor for op in ort.below_opset(18).ops}
+    cuda = for_provider(ort, ("CUDAExecutionProvider",))
+    assert "packed_attention" in {op.constructor for op in cuda.ops}
+    model = attention_model(Variant(heads=2))
+    for keep, expected in ((False, "Attention"), (True, "com.microsoft.Attention")):
+        result = egfuse.fuse(model, target="ort", feeds=feeds_for(model), raise_opset=not keep)
+        assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+        assert expected in op_counts(result.model), (keep, op_counts(result.model))

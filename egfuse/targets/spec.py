@@ -144,6 +144,9 @@ class TargetSpec:
     no_rotary: str | None = None
     """Why this target writes no ``RotaryEmbedding`` for a recognised rotation (None: it writes the op its
     ``ops`` hold for ``rotary``, if any)."""
+    below_opset_ops: tuple[FusedOp, ...] = ()
+    """Forms offered only where the standard ops drop out (:meth:`below_opset`): slower in whole models than
+    the standard op that replaces them, faster than what is left without it."""
 
     def op_for(self, constructor: str) -> FusedOp | None:
         if constructor in ROTARY_OPS and self.no_rotary is not None:
@@ -166,16 +169,21 @@ class TargetSpec:
                 twin = next((o for o in self.ops if o.label == op.label and o.constructor in fitted), None)
                 if twin is not None:
                     fitted[op.constructor] = fitted[twin.constructor]
-        ops = tuple(
-            replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()}) if op.constructor in fitted else op
-            for op in self.ops
-        )
-        return replace(self, costs=costs, ops=ops)
+
+        def fit(op: FusedOp) -> FusedOp:
+            return (
+                replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()})
+                if op.constructor in fitted
+                else op
+            )
+
+        ops, fallbacks = tuple(fit(op) for op in self.ops), tuple(fit(op) for op in self.below_opset_ops)
+        return replace(self, costs=costs, ops=ops, below_opset_ops=fallbacks)
 
     def below_opset(self, version: int) -> TargetSpec:
         """The target without the default-domain ops that need a newer opset than ``version`` (a model onnx's
         converter cannot raise keeps the contrib ops only)."""
-        ops = tuple(op for op in self.ops if op.domain != "" or op.opset <= version)
+        ops = tuple(op for op in (*self.ops, *self.below_opset_ops) if op.domain != "" or op.opset <= version)
         no_rotary = self.no_rotary
         if no_rotary is None and version < STANDARD_ATTENTION_OPSET:
             no_rotary = "the model cannot be raised to opset 23, which defines RotaryEmbedding"
