@@ -86,7 +86,8 @@ def only(target: str, *forms: str) -> TargetSpec:
     """``target`` able to write only ``forms`` (e-graph constructors): for tests of one op's writing, which the
     calibrated costs would otherwise choose by the shapes."""
     spec = get_target(target)
-    return dataclasses.replace(spec, ops=tuple(op for op in spec.ops if op.constructor in forms))
+    offered = (*spec.ops, *spec.below_opset_ops)  # a form the target offers only below opset 23 too
+    return dataclasses.replace(spec, ops=tuple(op for op in offered if op.constructor in forms), below_opset_ops=())
 
 
 @pytest.fixture(params=["ort", "onnx"])
