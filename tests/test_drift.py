@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 import egfuse
-from egfuse import functions, validate
+from egfuse import functions, judge, validate
 
 from .conftest import DATA, assert_same_outputs, fused_op_count
 
@@ -85,6 +85,12 @@ def test_every_block_fuses_and_matches(stack: Path, entry: dict, target: str):
         result = egfuse.fuse(path, target=target)
         if result.report.fused == 0:
             assert result.report.validated is not True, str(result.report)
+            return
+        if judge.FLOAT32_COPIES_NOTE in result.report.notes:  # bfloat16 ops the CPU has no kernel for (Falcon)
+            assert result.report.validated is True, str(result.report)
+            inlined = functions.inline(original).proto  # the functions' own bfloat16 ops widened too
+            wide = validate.upcast_feeds(feeds, fills=True)
+            assert_same_outputs(validate.upcast(inlined, fills=True), validate.upcast(result.model, fills=True), wide)
             return
         # torch 2.4's functions list an output twice, which onnxruntime refuses; inlined, the graph runs: the
         # fused model is proven against it, and the report says the model as given does not load
