@@ -167,11 +167,7 @@ def _compare_widened(
     nothing: dict = {"regions": {}, "outputs": []}
     if weights is not None and weights.large:
         return nothing
-    wide = []
-    for model in (original, fused):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
+    wide = _widened_copies(original, fused, weights)
     data = validate.upcast_feeds(data, fills=True)
     try:
         memory.check(wide[0], data, budget, weights_mapped=False)
@@ -325,12 +321,20 @@ def _float32_copies(
     protobuf's limit (the copies would cost its weights twice more)."""
     if not _does_not_load(err) or not _holds_bfloat16(original) or (weights is not None and weights.large):
         return None
-    copies = []
+    wide_original, wide_fused = _widened_copies(original, fused, weights)
+    return wide_original, wide_fused, validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
+
+
+def _widened_copies(
+    original: onnx.ModelProto, fused: onnx.ModelProto, weights: protos.DetachedWeights | None
+) -> list[onnx.ModelProto]:
+    """Float32 copies of both models, their weights put back, a half type's fills kept at float32's ends."""
+    wide = []
     for model in (original, fused):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        copies.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
-    return copies[0], copies[1], validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
+        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
+    return wide
 
 
 def _holds_bfloat16(model: onnx.ModelProto) -> bool:
