@@ -112,6 +112,7 @@ class GraphFacts:
         self._flags: dict[ir.Value, tuple[bool, ...]] = {}  # known boolean vectors (Equal on a shape)
         self._finite: dict[ir.Value, bool] = {}
         self._magnitude: dict[ir.Value, float | None] = {}
+        self._finite_magnitude: dict[ir.Value, float | None] = {}
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -227,6 +228,32 @@ class GraphFacts:
         if op in ("Add", "Sub"):
             return float(sum(bounds))
         return max(bounds)
+
+    def finite_magnitude(self, value: ir.Value | None) -> float | None:
+        """An upper bound on ``|x|`` over the finite elements of ``value`` (:meth:`magnitude` where a −inf fill
+        counts as nothing): a causal mask ``Trilu(ConstantOfShape(−inf))`` is 0 or −inf, so adding it to
+        another mask term never overflows — either the entry was already −inf or nothing was added."""
+        return None if value is None else _memoized(self._finite_magnitude, value, None, self._finite_bound)
+
+    def _finite_bound(self, value: ir.Value) -> float | None:
+        node = value.producer()
+        const = self.weight(value)
+        if const is None and node is not None and node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
+            fill = attr(node, "value")
+            const = fill.numpy() if fill is not None else np.zeros(1, np.float32)
+        if const is not None:
+            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
+            finite = np.asarray(const, np.float64)[np.isfinite(np.asarray(const, np.float64))] if numeric else None
+            return None if finite is None else float(np.max(np.abs(finite))) if finite.size else 0.0
+        if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            return None
+        op, inputs = node.op_type, node.inputs
+        if op in _FINITE_LAYOUT or op in ("Trilu", "Neg", "Abs", "Relu"):
+            return self.finite_magnitude(inputs[0])
+        if op == "Where" and len(inputs) == 3:
+            bounds = [self.finite_magnitude(inputs[1]), self.finite_magnitude(inputs[2])]
+            return None if None in bounds else max(bounds)
+        return self.magnitude(value)
 
     def elems(self, value: ir.Value | None) -> tuple[Dim | None, ...] | None:
         if value is None:

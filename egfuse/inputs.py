@@ -152,7 +152,7 @@ def mask_feed_sets(feeds: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
     graph's answer there is the softmax of scores rounded against the fill, which no kernel is bound to
     reproduce (onnxruntime's float16 ``Attention`` computes the masked softmax in float32). Every set here
     can make such rows (heavy left padding under a causal mask hides every key of the first queries), so on
-    all of them a half-precision output is only required to be finite wherever the original's is (a NaN or
+    all of them a half-precision output is only required to be finite in the rows where the original is (a NaN or
     −inf row is still caught; :func:`egfuse.validate.compare`), and the masks are judged on float32 copies
     of both models (:mod:`egfuse.judge`); the base feeds judge the half-precision rounding."""
     masks = {name: value for name, value in feeds.items() if _is_mask_input(name, value)}

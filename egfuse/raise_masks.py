@@ -4,6 +4,8 @@ entries moved one ulp up for the standard op, which reads them as −inf."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
@@ -14,7 +16,7 @@ from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
 from egfuse.node_builder import NodeBuilder
 from egfuse.rules.masks import ABSORBING_FILL, MASK_FILL_MAX
-from egfuse.session import EClass
+from egfuse.session import EClass, ENode
 
 _WIDE_ARITHMETIC = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "neg": "Neg"}
 """Mask arithmetic :meth:`MaskWriter.wide_value` redoes in float32 (over fills it writes in float32)."""
@@ -130,36 +132,128 @@ class MaskWriter(NodeBuilder):
             return None
         return np.asarray(array)
 
+    def widens_for_half(self, cid: EClass) -> bool:
+        """Whether a float16 fused op that adds its mask to float32 scores (the standard ``Attention``, whose mask
+        type is free) must get the mask ``cid`` in float32 (:meth:`wide_value`) to compute what the graph did:
+        it holds a select's absorbing fill (:meth:`selects_fills`), a clamp at finfo.min
+        (:meth:`clamps_at_lowest`), or a sum that may leave float16's range (:meth:`sum_may_overflow`) — and no
+        finite select fill. A finite select fill (−1e4) hides only scores well above it: on scores below it the
+        select and any additive mask differ in every row, widened or not, so a mask holding one stays as it is
+        (validation judges it; widening it, which scales the fill to absorb the scores, moved the difference to
+        where fewer feeds see it)."""
+        absorbing, finite = self._select_fills(cid)
+        if finite:
+            return False
+        limit = float(np.finfo(np.float16).max)
+        return absorbing or self.clamps_at_lowest(cid) or self.sum_may_overflow(cid, limit)
+
     def selects_fills(self, cid: EClass) -> bool:
         """Whether the mask ``cid`` holds a select's absorbing fill (a ``full_like`` under a ``where``: the graph
         replaced the masked scores by it; :meth:`_absorbing_select_fill`) and no finite one. A query row whose
         every key such a fill hides is uniform over them in the graph however large the scores; an additive mask
         keeps that only where the fill absorbs every score added to it, which no half-precision number does for
-        a kernel that adds in float32 (|S| > 16 against float16's finfo.min), so a float16 fused op gets such a
-        mask in float32 (:meth:`wide_value`). A finite select fill (−1e4) hides only scores well above it: on
-        scores below it the select and any additive mask differ in every row, widened or not, so a mask holding
-        one stays as it is (validation judges it; widening it moved the difference to where fewer feeds see
-        it)."""
-        stack, seen, absorbing = [cid], set(), False
+        a kernel that adds in float32 (|S| > 16 against float16's finfo.min)."""
+        absorbing, finite = self._select_fills(cid)
+        return absorbing and not finite
+
+    def _select_fills(self, cid: EClass) -> tuple[bool, bool]:
+        """Whether the mask ``cid`` holds an absorbing select fill, and whether it holds a finite one."""
+        absorbing = finite = False
+        for node in self._mask_terms(cid):
+            if node.op != "where":
+                continue
+            for branch in (view(node).a, view(node).b):
+                branch_node = self.choice[branch].node
+                if branch_node.op != "full_like" or float(view(branch_node).fill) > MASK_FILL_MAX:
+                    continue  # a value, or the 0 of an additive mask's unmasked entries: not a fill
+                if self._absorbing_select_fill(branch):
+                    absorbing = True
+                else:
+                    finite = True
+        return absorbing, finite
+
+    def _mask_terms(self, cid: EClass) -> Iterator[ENode]:
+        """The chosen nodes of the mask ``cid``, each once: through selects' branches (a condition is no mask
+        value) and the arithmetic :meth:`wide_value` redoes."""
+        stack, seen = [cid], set()
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
             node = self.choice[current].node
+            yield node
             if node.op == "where":
-                branches = (view(node).a, view(node).b)
-                for branch in branches:
-                    branch_node = self.choice[branch].node
-                    if branch_node.op != "full_like" or float(view(branch_node).fill) > MASK_FILL_MAX:
-                        continue  # a value, or the 0 of an additive mask's unmasked entries: not a fill
-                    if not self._absorbing_select_fill(branch):
-                        return False
-                    absorbing = True
-                stack.extend(branches)
+                stack.extend((view(node).a, view(node).b))
             elif node.op in _WIDE_ARITHMETIC:
                 stack.extend(node.children)
-        return absorbing
+
+    def clamps_at_lowest(self, cid: EClass) -> bool:
+        """Whether the mask ``cid`` holds a clamp at a half type's finfo.min (OPT's ``max(S + M, finfo.min)``,
+        moved onto the mask by the rules: ``S + max(M, finfo.min)``). The graph clamps the sum, so a query row
+        whose every key is masked stays finite however large its scores; a fused op adds the scores to the
+        clamped mask, and in half precision ``S + finfo.min`` overflows to −inf once S < −16 — a fully masked
+        row then gives NaN where the graph gives a number. Written in float32 (:meth:`wide_value`, which takes
+        the bound to float32's finfo.min) the sum cannot overflow."""
+        return any(
+            node.op == "maximum" and any(self._at_half_lowest(c) for c in node.children)
+            for node in self._mask_terms(cid)
+        )
+
+    def sum_may_overflow(self, cid: EClass, limit: float) -> bool:
+        """Whether a sum among the terms of the mask ``cid`` may leave ±``limit`` (the largest float16): two or
+        more of its terms may hold finite values other than 0 (:meth:`_term_bound`), and their bounds add up
+        past it or one is unknown. A padding term ``(1 − m)·finfo.min`` plus a causal one of finfo.min (GPT-2
+        eager), or plus a position bias (T5), sums to −inf in float16 on the keys both hide — where the graph,
+        adding the scores first, kept a finite entry (or a clamp caught it) — and a query row all of whose keys
+        overflow gives NaN or 0 instead of the graph's value. Summed in float32 (:meth:`wide_value`) they stay
+        finite. A term of 0 and −inf (a causal ``Trilu``) adds nothing that can overflow."""
+        memo: dict[EClass, float | None] = {}
+        for node in self._mask_terms(cid):
+            if node.op in ("add", "sub"):
+                nonzero = [b for b in (self._term_bound(c, memo) for c in node.children) if b != 0.0]
+                if len(nonzero) > 1 and (None in nonzero or sum(nonzero) > limit):
+                    return True
+        return False
+
+    def _term_bound(self, cid: EClass, memo: dict[EClass, float | None]) -> float | None:
+        """An upper bound on ``|x|`` over the finite entries of the mask term ``cid`` (a −inf fill counts as
+        nothing): fills by their value, selects by their branches, arithmetic by its operands', graph values by
+        :meth:`~egfuse.facts.GraphFacts.finite_magnitude`; None where none is known."""
+        if cid in memo:
+            return memo[cid]
+        memo[cid] = None  # a cycle through the e-graph bounds nothing
+        node = self.choice[cid].node
+        bound: float | None
+        if node.op == "full_like":
+            fill = float(view(node).fill)
+            bound = abs(fill) if np.isfinite(fill) else 0.0
+        elif node.op == "no_bias":
+            bound = 0.0
+        elif node.op in ("where", "add", "sub", "mul", "maximum", "neg"):
+            children = (view(node).a, view(node).b) if node.op == "where" else node.children
+            bounds = [self._term_bound(c, memo) for c in children]
+            if any(b is None for b in bounds):
+                bound = None
+            elif node.op in ("add", "sub"):
+                bound = float(sum(bounds))
+            elif node.op == "mul":
+                bound = float(np.prod(bounds))
+            else:
+                bound = max(bounds)
+        else:
+            leaf = self.leaf_value(cid)
+            bound = self.facts.finite_magnitude(leaf) if leaf is not None else None
+        memo[cid] = bound
+        return bound
+
+    def _at_half_lowest(self, cid: EClass) -> bool:
+        """A fill or small graph constant holding a half type's finfo.min."""
+        node = self.choice[cid].node
+        if node.op == "full_like":
+            return float(view(node).fill) in _HALF_LOWEST
+        array = self._half_constant(cid)
+        return array is not None and bool((array == float_info(array.dtype).min).any())
 
     def _absorbing_select_fill(self, cid: EClass) -> bool:
         """A select fill that hides every score it stands for whatever their size: −inf, or a fill at the end of

@@ -62,7 +62,7 @@ ROUNDING_ULPS = 64
 float32 evaluation by more than this many ulps is a row whose answer is the rounding of its scores against a
 finite fill — every key it may see hidden (padding on the left under a causal mask makes them in any feeds,
 not only those built to). No kernel is bound to reproduce that rounding (onnxruntime's float16 ``Attention``
-computes the masked softmax in float32), so such a row need only be finite wherever the original's is. The
+computes the masked softmax in float32), so such a row need only be finite in the rows where the original is. The
 other rows are judged against the original's precision on them alone: a fault in an ordinary row cannot hide
 behind another row's rounding."""
 
@@ -100,9 +100,12 @@ def compare(
     must meet NaN — except, with ``where_defined``, where the original itself gives NaN (a query row whose
     keys a −inf mask hides entirely: the mask-exercising feeds make such rows, and the original defines
     nothing there). With ``finite_only`` (the feeds that mask every key of a row), a half-precision output need
-    only be finite wherever the original's is (the row's value is the fill's rounding,
-    :func:`egfuse.inputs.mask_feed_sets`). A float32 output that misses the tolerance passes when a float64
-    ``reference`` is given and each row that misses it is within the tolerance of that reference, or no
+    only be finite in the rows where the original's is (the row's value is the fill's rounding,
+    :func:`egfuse.inputs.mask_feed_sets`): a row the original computes finite in some entries and not in
+    others is one where its own arithmetic left the type's range (scores past 65504 on a large-scores
+    redraw), and which of its entries survive is the luck of its rounding, nothing a fused op is held to.
+    A float32 output that misses the tolerance passes when a float64 ``reference`` is given and each row that
+    misses it is within the tolerance of that reference, or no
     further from it than ``FILL_ROUNDING_FACTOR`` times the original's error — in that row, or its worst
     in a row it itself misses the reference by more than the tolerance (how lucky the original's rounding was
     in one fill-rounded row is noise; an error below four times the fill's rounding cannot be told from it,
@@ -114,9 +117,12 @@ def compare(
     to the fill's ulp, so there the original is itself off the exact answer by as much as a fused op may be.
     Zero tolerances (``--atol 0 --rtol 0``) ask for the original's own bits, so they get no such rescue.
     ``copy_of_half``: float32 copies of a half-precision model, compared to judge what its masks mean, are held to
-    ``HALF_TOLERANCE`` — the precision the model itself has: a kernel's own float32 approximations
-    (onnxruntime's soft-capped ``Attention``, 1e-4 off a float64 evaluation) are not the question there, a
-    meaning changed is (0 for the mean of V in a fully masked row is off by the values themselves).
+    ``HALF_TOLERANCE`` — the precision the model itself has, relative to each row's largest entry (an entry of
+    ``P·V`` carries the rounding of the whole row's weights: under large scores a fused kernel's float32 sum
+    is 1e-3 of the row off a float64 evaluation where the primitive ops' is 1e-6, and a small entry of that
+    row is no more exact than its large ones): a kernel's own float32 approximations (onnxruntime's
+    soft-capped ``Attention``, 1e-4 off a float64 evaluation) are not the question there, a meaning changed is
+    (0 for the mean of V in a fully masked row is off by the values themselves).
     ``absorbed``: a half-precision output's second float32 reference, with the fills kept absorbing
     (:func:`fill_decided`); a row the two references disagree on need only be finite."""
     if where_defined and np.issubdtype(expected.dtype, np.floating) and expected.shape == actual.shape:
@@ -134,7 +140,7 @@ def compare(
     half = np.finfo(expected.dtype).bits <= 16
     finite = np.isfinite(actual) | ~np.isfinite(expected)
     if half and finite_only:  # only finiteness asked: no closeness to report, a non-finite value is infinitely off
-        ok = bool(np.all(finite))
+        ok = bool(np.all(_rows(finite) | ~_rows(np.isfinite(expected))))
         return Comparison(name, 0.0 if ok else float("inf"), ok)
     if half and reference is not None and reference.shape == expected.shape:
         own = _rows(_max_diff(reference, expected)[1])
@@ -148,7 +154,10 @@ def compare(
         )
     settings = current()
     atol, rtol = (HALF_TOLERANCE, HALF_TOLERANCE) if half or copy_of_half else (settings.atol, settings.rtol)
-    within = diff <= atol + rtol * np.nan_to_num(np.abs(expected.astype(np.float64)), posinf=0.0)
+    magnitude = np.nan_to_num(np.abs(expected.astype(np.float64)), posinf=0.0)
+    if copy_of_half and magnitude.ndim and magnitude.shape[-1]:  # an entry of P·V errs by its row's scale
+        magnitude = np.broadcast_to(_rows(magnitude).reshape(*magnitude.shape[:-1], 1), magnitude.shape)
+    within = diff <= atol + rtol * magnitude
     ok = bool(np.all(within))
     exact = settings.atol == 0.0 and settings.rtol == 0.0  # the user asked for the original's bits: no rescue
     widened = reference is not None and reference.dtype == np.float64 and reference.shape == expected.shape

@@ -34,9 +34,9 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
     q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
     three_d = node.op in ("mha", "gqa")
     seq_axis = 1 if three_d else 2
-    # A float16 select mask goes in float32 (the op's mask type is free): see MaskWriter.selects_fills.
-    # bfloat16 has float32's range: its fills absorb float32 scores as they are.
-    wide = e.float_dtype(e.value(q)) == np.float16 and e.selects_fills(bias)
+    # Some float16 masks go in float32 (the op's mask type is free): MaskWriter.widens_for_half. bfloat16 has
+    # float32's range: its fills absorb float32 scores as they are.
+    wide = e.float_dtype(e.value(q)) == np.float16 and e.widens_for_half(bias)
     allowed = not three_d and op.absorbs_cache
     inputs, mask, cache = e.operands(q, k, v, bias, seq_axis, seq_axis, cache_allowed=allowed, wide=wide)
     mask = e.finite_mask(bias, mask)

@@ -72,3 +72,41 @@ def test_a_fully_masked_row_is_the_mean_of_v_on_large_scores():
     actual = egfuse.validate.run(result.model, feeds)
     for name, value in expected.items():
         np.testing.assert_allclose(actual[name].astype(np.float32), value.astype(np.float32), atol=2e-2, rtol=1e-2)
+
+
+OVERFLOWING_SUMS = [
+    pytest.param(  # OPT: max(S + M, finfo.min) — the clamp moved onto the mask, S + finfo.min overflowed
+        Variant(scale="qk_div", k_layout="dynamo_3d", mask="additive_first", causal="trilu", kv_heads=None,
+                head_dim=8, dtype="float16", clamp=True, position_bias=True, query_bias="gated", past=True,
+                rope=True, seed=2417),
+        id="clamp-at-finfo-min",
+    ),
+    pytest.param(  # (1 − m)·finfo.min + causal finfo.min + a position bias: −inf in float16 where both hide
+        Variant(scale="custom", k_layout="transpose_0132", mask="padding_int", causal="trilu", heads=1,
+                head_dim=16, dtype="float16", position_bias=True, rope=True, rope_partial=True, seed=43176),
+        id="padding-plus-causal-plus-bias",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", OVERFLOWING_SUMS)
+def test_a_float16_mask_whose_terms_may_overflow_goes_in_float32(variant):
+    """A mask summed (or clamped) in float16 overflows to −inf on keys the graph, adding the scores first, kept
+    finite: a fully masked row gave NaN or 0 where the graph gives a number (the onnx target rolled these back:
+    2.4 off on left padding, inf on large scores). Summed in float32 it cannot overflow."""
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert _mask_types(result.model) == [onnx.TensorProto.FLOAT]
+    for seed in range(3):
+        feeds = feeds_for(model, seed=seed, batch=3, seq=6, left_padding=True)
+        assert disagreements(model, result.model, feeds) == [], seed
+
+
+def test_a_finite_select_fill_is_not_widened_with_an_overflowing_sum():
+    """Widening scales a finite fill (−1e4) until it absorbs every score; on scores below the fill the select
+    and that mask differ in every row, so a mask holding one stays float16 and validation judges it."""
+    variant = Variant(mask="where_reversed", causal="trilu", dtype="float16", heads=2, position_bias=True)
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="onnx", validate=False)
+    assert onnx.TensorProto.FLOAT not in _mask_types(result.model)
