@@ -9,6 +9,7 @@ reason, never silently dropped.
     python experiments/corpus.py --out tests/data --set tests         # the small models the tests use
     python experiments/corpus.py --out tests/data/half --set half     # float16 exports (tests/test_half_exports.py)
     python experiments/corpus.py --out tests/data/held_out --set held_out   # tests/test_held_out.py
+    python experiments/corpus.py --out experiments/corpus/half --set half_all  # every architecture in fp16, bf16
 
 Needs the ``corpus`` extra (torch, transformers).
 """
@@ -455,6 +456,28 @@ SPECS: dict[str, Spec] = {
     ]
 }
 
+HALF_SUFFIX = {"float16": "_fp16", "bfloat16": "_bf16"}
+
+
+def _half_specs() -> dict[str, Spec]:
+    """Every float32 corpus architecture again in float16 and in bfloat16, through the dynamo exporter (the one
+    that writes half-precision models onnxruntime loads: TorchScript's float16 BERT does not), for the
+    half-precision coverage (``experiments/half_coverage.py``). The hand-written half specs above keep their
+    names (the tests' corpus); these are generated alongside them."""
+    specs = {}
+    for spec in list(SPECS.values()):
+        if spec.name.endswith(tuple(HALF_SUFFIX.values())):
+            continue
+        for dtype, suffix in HALF_SUFFIX.items():
+            name = spec.name + suffix
+            if name not in SPECS:
+                specs[name] = Spec(name, _half(spec.build, dtype), spec.blocks, [*spec.flavour, dtype], spec.heads,
+                                   spec.kv_heads, spec.head_dim, DYNAMO)  # fmt: skip
+    return specs
+
+
+SPECS.update(_half_specs())
+
 SETS = {
     "tests": [
         "bert_eager",
@@ -480,6 +503,7 @@ SETS = {
     "half": ["bert_sdpa_fp16", "llama_sdpa_fp16", "llama_past_sdpa_fp16", "bert_sdpa_bf16", "llama_sdpa_bf16"],
     "held_out": ["mpt_eager"],  # architectures that broke egfuse on a user's model (tests/test_held_out.py)
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
+    "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }
 
 
@@ -539,6 +563,9 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> Entry:
         model, feeds, outputs = spec.build()
         with_past = any(n.startswith("past_") for n in feeds)
         args = tuple(torch.from_numpy(v) for v in feeds.values())
+        weights_type = next(model.parameters()).dtype
+        if weights_type == torch.bfloat16:  # npz holds no bfloat16: the float feeds are stored as float32
+            args = tuple(a.to(weights_type) if a.dtype == torch.float32 else a for a in args)
         names = list(feeds)
         path = out_dir / f"{spec.name}.{exporter}.onnx"
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_fds():

@@ -74,7 +74,29 @@ def table() -> str:
                   "(lower is faster; `experiments/results/latency_gpu.md`; `egfuse:ort:cuda` is "
                   "`--provider CUDAExecutionProvider`):",
                   "", data["markdown_table"].rstrip(), ""]  # fmt: skip
+    half = RESULTS / "half_coverage.json"
+    if half.exists():
+        lines += [_half_coverage(json.loads(half.read_text())), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _half_coverage(data: dict) -> str:
+    """Blocks fused and correct per dtype and tool on the half-precision corpus (``half_coverage.json``)."""
+    tools = data["tools"]
+    rows = ["| dtype | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
+    for dtype, per_tool in data["summary"].items():
+        cells = []
+        for tool in tools:
+            cell = per_tool[tool]
+            wrong = f", {len(cell['fused_but_wrong'])} wrong" if cell["fused_but_wrong"] else ""
+            cells.append(f"{cell['covered'] / max(cell['blocks'], 1):.0%} ({cell['covered']}/{cell['blocks']}{wrong})")
+        rows.append(f"| {dtype} | " + " | ".join(cells) + " |")
+    return (
+        f"Half-precision coverage: the corpus's architectures exported again in float16 and bfloat16 (dynamo, "
+        f"{data['models']} exports), attention blocks fused **and** correct — finite in half precision, the "
+        "masks' meaning on float32 copies (bfloat16: the copies alone, the CPU runs none of it); "
+        "`experiments/results/half_coverage.md`:\n\n" + "\n".join(rows)
+    )
 
 
 def counts() -> str:

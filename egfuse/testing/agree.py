@@ -20,9 +20,9 @@ def disagreements(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: 
     graph adds the fill in float32 after a Cast and a fused kernel in float16, they differ by what float16
     makes of −1e4 + score, not by meaning (egfuse's own validation judges half-precision rounding on feeds
     whose masks hide no whole row). Feed sets the original does not run on say nothing."""
-    half = any(
+    half = any(  # a float16 model fed token ids only (T5's encoder) is half precision by its outputs
         i.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-        for i in original.graph.input
+        for i in [*original.graph.input, *original.graph.output]
     )
     found: list[str] = []
     for label, data in {"base": feeds, **validate.mask_feed_sets(feeds)}.items():
