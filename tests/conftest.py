@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,16 @@ def fused_op_count(model: onnx.ModelProto, target: str) -> int:
     return sum(counts.get(n, 0) for n in names)
 
 
+@functools.cache
+def fused_export(file: str, target: str) -> egfuse.FuseResult:
+    """The export ``DATA/file`` fused for ``target`` and validated on the feeds it was exported with (saved beside
+    it), once a session: the tests that check different things of that one fusion share it (fusion is
+    deterministic: test_api's test_deterministic_bytes). Callers only read it."""
+    path = DATA / file
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    return egfuse.fuse(path, target=target, feeds=feeds)
+
+
 def fuse_one_block(model: onnx.ModelProto, target: str, feeds: dict) -> egfuse.FuseResult:
     """``model``'s one attention block fused for ``target`` and validated on ``feeds``, as one fused op."""
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -93,3 +104,25 @@ def only(target: str, *forms: str) -> TargetSpec:
 @pytest.fixture(params=["ort", "onnx"])
 def target(request) -> str:
     return request.param
+
+
+def one_target_fast(cases: list[tuple], ids: list[str], targets: tuple[str, ...] = ("ort", "onnx")) -> list:
+    """Each case on every target, as ``pytest.param(target, *case)`` with id ``target-id``: the fast suite runs
+    each case on one target, the slow suite (``-m slow``, which CI runs) on the others. Case i is fast on target
+    ``(i + i // n) % n`` of n: neighbouring cases take the targets in turn, and the turn shifts every n cases,
+    so cases listed in pairs (an export by TorchScript, then by dynamo) meet every target in the fast suite too.
+    Parametrize ``("target", ...)``: it overrides the ``target`` fixture."""
+    n = len(targets)
+    params = []
+    for i, (case, case_id) in enumerate(zip(cases, ids, strict=True)):
+        for j, target in enumerate(targets):
+            marks = [] if j == (i + i // n) % n else [pytest.mark.slow]
+            params.append(pytest.param(target, *case, marks=marks, id=f"{target}-{case_id}"))
+    return params
+
+
+def fast_on(target: str, targets: tuple[str, ...] = ("ort", "onnx")) -> list:
+    """``targets`` for a ``target`` parametrization whose check does not depend on the op a target writes (a
+    spelling's recognition, a rotation's proof): the fast suite runs it on ``target``, the slow suite (``-m slow``,
+    which CI runs) on the others."""
+    return [pytest.param(t, marks=[] if t == target else [pytest.mark.slow]) for t in targets]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,18 +14,26 @@ from egfuse import protos
 from egfuse.passes import FuseAttentionPass
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import DATA, assert_same_outputs, fused_op_count
+from .conftest import DATA, assert_same_outputs, fast_on, fused_export, fused_op_count
+
+MODEL = Variant(scale="split_sqrt", k_layout="dynamo_3d", mask="where_neginf", guard=True)
 
 
 @pytest.fixture
 def model() -> onnx.ModelProto:
-    return attention_model(Variant(scale="split_sqrt", k_layout="dynamo_3d", mask="where_neginf", guard=True))
+    return attention_model(MODEL)
+
+
+@functools.cache
+def _fused(target: str) -> egfuse.FuseResult:
+    """``model`` fused for ``target`` (no feeds), once a module: the tests that only read that result share it."""
+    return egfuse.fuse(attention_model(MODEL), target=target)
 
 
 def test_accepts_path_proto_and_ir_model(model, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    results = [egfuse.fuse(m) for m in (path, str(path), model, ir.serde.deserialize_model(model))]
+    results = [egfuse.fuse(m) for m in (path, str(path), ir.serde.deserialize_model(model))] + [_fused("ort")]
     blobs = {r.model.SerializeToString() for r in results}
     assert len(blobs) == 1  # the same model whatever form it came in
     assert all(r.report.fused == 1 for r in results)
@@ -39,20 +49,20 @@ def test_save_writes_a_loadable_model(model, tmp_path):
 
 
 def test_deterministic_bytes(model, target):
-    first = egfuse.fuse(model, target=target).model.SerializeToString()
+    first = _fused(target).model.SerializeToString()
     second = egfuse.fuse(model, target=target).model.SerializeToString()
     assert first == second
 
 
 def test_idempotent(model, target):
-    once = egfuse.fuse(model, target=target)
+    once = _fused(target)
     twice = egfuse.fuse(once.model, target=target)
     assert twice.report.fused == 0
     assert twice.model.SerializeToString() == once.model.SerializeToString()
 
 
 def test_graph_inputs_and_outputs_unchanged(model, target):
-    fused = egfuse.fuse(model, target=target).model
+    fused = _fused(target).model
     assert [i.name for i in fused.graph.input] == [i.name for i in model.graph.input]
     assert [o.name for o in fused.graph.output] == [o.name for o in model.graph.output]
 
@@ -76,7 +86,7 @@ def test_unknown_target_is_a_clear_error(model):
 def test_report_json_roundtrip(model):
     import json
 
-    data = json.loads(egfuse.fuse(model).report.to_json())
+    data = json.loads(_fused("ort").report.to_json())
     assert data["fused"] == 1 and data["attention_regions"] == 1
     assert data["regions"][0]["status"] == "fused"
 
@@ -98,7 +108,7 @@ def test_external_data_stays_external(model, tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", fast_on("ort"))  # one path whatever the target; ort shares test_hf_exports' fusion
 def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     """A model over 2 GB cannot be serialized: every stage then runs on a skeleton whose large tensors live in
     one file, which onnxruntime reads for validation, and the weights come back into the result alone.
@@ -106,7 +116,7 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     the same model, with the same weights."""
     path = DATA / "llama_past_eager.torchscript.onnx"
     feeds = dict(np.load(DATA / "llama_past_eager.torchscript.feeds.npz"))
-    expected = egfuse.fuse(path, target=target, feeds=feeds)
+    expected = fused_export(path.name, target)  # the same fusion, before the path is forced
     monkeypatch.setattr(protos, "LARGE_BYTES", -1)
     monkeypatch.setattr(protos, "DETACH_BYTES", -1)
     monkeypatch.setattr(protos, "_SMALL_TENSOR", 16)

@@ -15,13 +15,13 @@ import egfuse
 from egfuse import cli, functions
 from egfuse.testing import DROPOUTS, Variant, attention_model, feeds_for, in_functions
 
-from .conftest import DATA, assert_same_outputs, fused_op_count, only
+from .conftest import DATA, assert_same_outputs, fast_on, fused_op_count, one_target_fast, only
 
 OLD_DYNAMO = DATA / "old_dynamo"
 OLD_DYNAMO_STYLE = Variant(matmul="batched_3d", dropout="training_false", text_dims=True, symbolic=False)
 
 
-@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize(("target", "depth"), one_target_fast([(1,), (3,)], ["1", "3"]))
 def test_attention_inside_nested_functions_fuses(depth, target):
     model = in_functions(attention_model(OLD_DYNAMO_STYLE), depth=depth)
     feeds = feeds_for(model)
@@ -34,7 +34,10 @@ def test_attention_inside_nested_functions_fuses(depth, target):
     assert_same_outputs(model, result.model, feeds)
 
 
-@pytest.mark.parametrize("field", ["matmul", "dropout", "text_dims"])
+@pytest.mark.parametrize(
+    ("target", "field"),
+    one_target_fast([(f,) for f in ("matmul", "dropout", "text_dims")], ["matmul", "dropout", "text_dims"]),
+)
 def test_old_dynamo_spelling_fuses(field, target):
     for value in {"matmul": ["batched_3d"], "dropout": DROPOUTS[1:], "text_dims": [True]}[field]:
         model = attention_model(Variant(symbolic=False, **{field: value}))
@@ -200,7 +203,9 @@ def test_model_without_softmax_says_so():
 # --- real exports of torch 2.3.1 + transformers 4.42.4 (torch.onnx.dynamo_export) ------------------------
 
 
-@pytest.mark.parametrize("name", ["bert_eager", "llama_eager"])
+@pytest.mark.parametrize(
+    ("target", "name"), one_target_fast([("bert_eager",), ("llama_eager",)], ["bert_eager", "llama_eager"])
+)
 def test_real_old_dynamo_exports_fuse(name, target):
     path = OLD_DYNAMO / f"{name}.dynamo.onnx"
     model = onnx.load(path)
@@ -246,6 +251,7 @@ def _with_vector_norm(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_ifs_on_constant_tests_are_folded_nested_too(target):
     """onnxruntime 1.32 crashes (a segfault in ConstantFolding) loading such a nest once the opset is raised to
     23; folded, the model holds the branch taken (ReduceL2) and no If at all."""
@@ -270,6 +276,7 @@ def _with_a_wrong_hint_inside(model: onnx.ModelProto, last: bool = False) -> tup
     return wrapped, value
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_a_wrong_type_hint_inside_a_function_does_not_survive_inlining(target):
     """onnxruntime ignores types inside functions (the model runs) but refuses them once inlined: inference
     contradicts the hint, so the op's type wins and the block fuses."""

@@ -17,14 +17,15 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import disagreements
 
-from .conftest import DATA
+from .conftest import DATA, one_target_fast
 
 HALF = DATA / "half"
 MODELS = [
     m for m in json.loads((HALF / "manifest.json").read_text())["models"] if m["file"] and "float16" in m["flavour"]
 ]
 """The float16 exports (the bfloat16 ones beside them: tests/test_bfloat16_exports.py)."""
-CASES = [pytest.param(m, t, id=f"{t}-{m['file']}") for m in MODELS for t in ("ort", "onnx")]
+CASES = one_target_fast([(m,) for m in MODELS], [m["file"] for m in MODELS])
+"""Each export on one target in the fast suite (the targets alternating), on the other with ``-m slow``."""
 
 
 def _feeds(entry: dict) -> dict[str, np.ndarray]:
@@ -43,7 +44,7 @@ def test_the_half_corpus_is_float16():
         assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16, entry["file"]
 
 
-@pytest.mark.parametrize(("entry", "target"), CASES)
+@pytest.mark.parametrize(("target", "entry"), CASES)
 def test_every_block_and_layer_op_fuses_and_validates(entry, target):
     path, feeds = HALF / entry["file"], _feeds(entry)
     result = egfuse.fuse(path, target=target, feeds=feeds)

@@ -1,5 +1,9 @@
 """Real exports of tiny random Hugging Face encoders (TorchScript and dynamo, eager and SDPA attention):
-every self-attention block fuses for both targets and the fused model matches the original."""
+every self-attention block fuses for both targets and the fused model matches the original.
+
+Each export runs on both targets in the slow suite (``-m slow``, which CI runs); the fast suite runs the exports of
+:data:`FAST` (every architecture and flavour, both exporters, eager and SDPA attention) each on one target, the
+targets alternating. The tests of one export on one target share its fusion (``fused_export``)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,9 @@ import numpy as np
 import onnx
 import pytest
 
-import egfuse
 from egfuse import validate
 
-from .conftest import DATA, assert_same_outputs, fused_op_count
+from .conftest import DATA, assert_same_outputs, fused_export, fused_op_count
 
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 MODELS = [m for m in MANIFEST["models"] if m["file"]]
@@ -37,14 +40,57 @@ def test_only_exporter_limitations_fail_to_export():
     assert len(MODELS) >= 27
 
 
+FAST = {
+    "bert_eager.torchscript.onnx", "bert_sdpa.dynamo.onnx",
+    "bart_encoder_eager.dynamo.onnx", "bart_encoder_sdpa.torchscript.onnx",
+    "vit_eager.torchscript.onnx", "vit_sdpa.dynamo.onnx",
+    "whisper_encoder_eager.dynamo.onnx", "whisper_encoder_sdpa.torchscript.onnx",
+    "gpt2_sdpa.dynamo.onnx", "gpt2_past_sdpa.torchscript.onnx",
+    "llama_eager.dynamo.onnx", "llama_sdpa.torchscript.onnx", "llama_past_eager.torchscript.onnx",
+    "bart_sdpa.dynamo.onnx", "bart_past_sdpa.torchscript.onnx", "whisper_sdpa.dynamo.onnx",
+    "t5_encoder_eager.dynamo.onnx", "deberta_v2_eager.torchscript.onnx", "gemma2_eager.dynamo.onnx",
+}  # fmt: skip
+"""The exports the fast suite runs: of an architecture exported four ways, its eager attention by one exporter
+and its SDPA attention by the other; of one exported twice, one export (the exporters alternating); every
+architecture and flavour is there."""
+FAST_TARGET = {
+    m["file"]: ("ort", "onnx")[(i + i // 2) % 2] for i, m in enumerate(m for m in MODELS if m["file"] in FAST)
+}
+"""Per fast export, the target it runs on in the fast suite (by turns: both targets meet both exporters); every
+test of it does (sharing the fusion)."""
+
+
+def _cases(entries: list[dict]) -> list:
+    """Each of ``entries`` on both targets, fast only on its :data:`FAST_TARGET`."""
+    return [
+        pytest.param(t, m, marks=[] if FAST_TARGET.get(m["file"]) == t else [pytest.mark.slow], id=f"{t}-{m['file']}")
+        for m in entries
+        for t in ("ort", "onnx")
+    ]
+
+
+def _architecture(entry: dict) -> str:
+    return entry["name"].removesuffix("_eager").removesuffix("_sdpa")
+
+
+def test_the_fast_exports_cover_every_architecture_and_flavour():
+    fast = [m for m in MODELS if m["file"] in FAST]
+    assert len(fast) == len(FAST), FAST - {m["file"] for m in fast}
+    assert {_architecture(m) for m in fast} == {_architecture(m) for m in MODELS}
+    assert {f for m in fast for f in m["flavour"]} == {f for m in MODELS for f in m["flavour"]}
+    assert {m["exporter"] for m in fast} == {m["exporter"] for m in MODELS}
+    assert {(m["exporter"], FAST_TARGET[m["file"]]) for m in fast} == {
+        (e, t) for e in ("torchscript", "dynamo") for t in ("ort", "onnx")
+    }
+
+
 ROPE_MODELS = ("llama", "gemma2")
-CASES = [(m, t) for m in MODELS for t in ("ort", "onnx")]
 
 
-@pytest.mark.parametrize(("entry", "target"), CASES, ids=[f"{t}-{m['file']}" for m, t in CASES])
+@pytest.mark.parametrize(("target", "entry"), _cases(MODELS))
 def test_every_block_fuses_and_matches(entry, target):
     path, feeds = _model_and_feeds(entry)
-    result = egfuse.fuse(path, target=target, feeds=feeds)
+    result = fused_export(entry["file"], target)
     report = result.report
     assert report.fused == entry["blocks"] == len(report.regions), str(report)
     assert report.validated is True, str(report)
@@ -63,13 +109,12 @@ def test_every_block_fuses_and_matches(entry, target):
 GQA = [m for m in MODELS if m["kv_heads"] < m["heads"]]
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize("entry", GQA, ids=[m["file"] for m in GQA])
+@pytest.mark.parametrize(("target", "entry"), _cases(GQA))
 def test_gqa_fuses_with_native_kv_heads(entry, target):
     """The standard op takes K/V with their own (fewer) heads: the repeat_kv copy is gone. On `ort` too,
     which runs it faster than MultiHeadAttention on repeated heads."""
     path, feeds = _model_and_feeds(entry)
-    result = egfuse.fuse(path, target=target, feeds=feeds)
+    result = fused_export(entry["file"], target)
     attention = [n for n in result.model.graph.node if n.op_type == "Attention" and n.domain == ""]
     assert len(attention) == entry["blocks"]
     keys = [n.input[1] for n in attention]
@@ -80,16 +125,14 @@ def test_gqa_fuses_with_native_kv_heads(entry, target):
 
 # The cache Concat goes into the op (past_key/past_value in, present_key/present_value out): every fused op
 # takes the K/V it would concatenate (grouped heads through the standard op, on both targets).
-CACHED = [
-    pytest.param(m, t, id=f"{t}-{m['file']}") for m in MODELS if "kv cache" in m["flavour"] for t in ("ort", "onnx")
-]
+CACHED = _cases([m for m in MODELS if "kv cache" in m["flavour"]])
 
 
-@pytest.mark.parametrize(("entry", "target"), CACHED)
+@pytest.mark.parametrize(("target", "entry"), CACHED)
 def test_kv_cache_concat_is_absorbed_and_present_outputs_kept(entry, target):
     path, feeds = _model_and_feeds(entry)
     original = onnx.load(path)
-    result = egfuse.fuse(path, target=target, feeds=feeds)
+    result = fused_export(entry["file"], target)
     producers = {out: node for node in result.model.graph.node for out in node.output}
     presents = [o.name for o in original.graph.output if o.name.startswith("present")]
     assert [o.name for o in result.model.graph.output] == [o.name for o in original.graph.output]

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.testing import disagreements
 
-from .conftest import fused_op_count
+from .conftest import fast_on, fused_op_count, one_target_fast
 
 B, N, S, H = 2, 2, 5, 8
 FILL = -1e9
@@ -102,9 +102,10 @@ def _feeds(positions: bool = False) -> dict[str, np.ndarray]:
     return feeds
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize(("pre", "post"), [("select", "none"), ("adder", "none"), ("select", "select"),
-                                            ("adder", "mul"), ("select", "mul")])  # fmt: skip
+_MASKS = [("select", "none"), ("adder", "none"), ("select", "select"), ("adder", "mul"), ("select", "mul")]
+
+
+@pytest.mark.parametrize(("target", "pre", "post"), one_target_fast(_MASKS, [f"{a}-{b}" for a, b in _MASKS]))
 def test_keras_masks_fuse_and_match(pre: str, post: str, target: str):
     model = _graph(post, pre)
     feeds = _feeds()
@@ -124,7 +125,7 @@ def test_zeroing_with_another_mask_is_not_proven(post: str):
     assert not disagreements(model, result.model, feeds)
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_a_bounded_bias_before_the_arithmetic_select_fuses(target: str):
     """ALiBi before tf2onnx's select: ``m·(S + b) + ¬m·F`` is ``Where(m, S + b, F)`` only for a finite b; here b
     is slopes · Cast(int32 positions), at most 2³¹·|slope|, which float32 holds."""

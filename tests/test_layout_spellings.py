@@ -1,6 +1,7 @@
 """Where the heads live, and Einsum products: heads folded into the batch (``bmm``/``baddbmm``), channel-first
 1×1-convolution projections, Einsum scores/context, single-head (B, S, H) attention — each fuses into one op on
-both targets with the original's numerics (issue 14, spellings 2, 4, 5 and 7)."""
+both targets with the original's numerics (issue 14, spellings 2, 4, 5 and 7). The lists of spellings run each
+on one target in the fast suite, the targets alternating, and on the other in the slow one (``-m slow``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import HEAD_LAYOUTS, Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs, fused_op_count, only, op_counts
+from .conftest import assert_same_outputs, fast_on, fused_op_count, one_target_fast, only, op_counts
 
 BASE = Variant()
 SPELLINGS = [
@@ -49,7 +50,9 @@ def _id(spelling: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in spelling.items())
 
 
-@pytest.mark.parametrize("spelling", SPELLINGS, ids=[_id(s) for s in SPELLINGS])
+@pytest.mark.parametrize(
+    ("target", "spelling"), one_target_fast([(s,) for s in SPELLINGS], [_id(s) for s in SPELLINGS])
+)
 def test_layout_spelling_fuses(spelling, target):
     model = attention_model(BASE.replaced(**spelling))
     feeds = feeds_for(model)
@@ -62,7 +65,9 @@ def test_layout_spelling_fuses(spelling, target):
         _assert_matches(model, result.model, check)
 
 
-@pytest.mark.parametrize("spelling", TF2ONNX_EINSUMS, ids=[_id(s) for s in TF2ONNX_EINSUMS])
+@pytest.mark.parametrize(
+    ("target", "spelling"), one_target_fast([(s,) for s in TF2ONNX_EINSUMS], [_id(s) for s in TF2ONNX_EINSUMS])
+)
 def test_tf2onnx_einsum_lowering_fuses(spelling, target):
     """The probabilities reach V through Unsqueeze → Transpose of a unit axis → Reshape (a view of them) →
     3D MatMul → Reshape → Squeeze: one attention op, the original's numerics."""
@@ -112,15 +117,17 @@ def test_channel_first_projections_pack_for_ort():
     assert "Conv" not in op_counts(result.model)
 
 
+EINSUMS = [
+    ("bhqd,bhkd->bhqk", "qk", "bhqk,bhkd->bhqd", "bnsh"),
+    ("bhkd,bhqd->bhqk", "kq", "bhqk,bhkd->bhqd", "bnsh"),  # operands named the other way round
+    ("bind,bjnd->bnij", "qk", "bnij,bjnd->bind", "bsnh"),  # XLNet, no transposes at all
+    ("bnid,bnjd->bnji", "qk", "bnij,bnjd->bnid", "bnsh"),  # the scores written transposed, then transposed
+    ("bnid,bndj->bnij", "qK", "bnij,bndj->bndi", "bnsh"),  # K and V given as (B, N, H, T)
+]
+
+
 @pytest.mark.parametrize(
-    ("scores", "operands", "context", "layout"),
-    [
-        ("bhqd,bhkd->bhqk", "qk", "bhqk,bhkd->bhqd", "bnsh"),
-        ("bhkd,bhqd->bhqk", "kq", "bhqk,bhkd->bhqd", "bnsh"),  # operands named the other way round
-        ("bind,bjnd->bnij", "qk", "bnij,bjnd->bind", "bsnh"),  # XLNet, no transposes at all
-        ("bnid,bnjd->bnji", "qk", "bnij,bnjd->bnid", "bnsh"),  # the scores written transposed, then transposed
-        ("bnid,bndj->bnij", "qK", "bnij,bndj->bndi", "bnsh"),  # K and V given as (B, N, H, T)
-    ],
+    ("target", "scores", "operands", "context", "layout"), one_target_fast(EINSUMS, ["-".join(e) for e in EINSUMS])
 )
 def test_einsum_equations_fuse(scores, operands, context, layout, target):
     """Any Einsum that is a batched MatMul up to transposes lowers to transposes and a MatMul."""
@@ -159,6 +166,7 @@ def _einsum_model(scores: str, operands: str, context: str, layout: str) -> onnx
     return model
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_subtracted_permuted_mask_fuses(target):
     """XLNet's ``scores − 1e30 · mask`` with the mask permuted by a one-operand Einsum (``ijbn->bnij``)."""
     hd = 8

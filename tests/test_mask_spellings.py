@@ -13,7 +13,7 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import Variant, attention_model, feeds_for, variants
 
-from .conftest import assert_same_outputs, fused_op_count
+from .conftest import assert_same_outputs, fast_on, fused_op_count, one_target_fast
 
 LOWEST = np.finfo(np.float32).min
 
@@ -28,8 +28,12 @@ def _fuse_checked(model: onnx.ModelProto, target: str, feeds: dict) -> egfuse.Fu
     return result
 
 
-@pytest.mark.parametrize("causal", ["buffer_where", "buffer_local"])
-@pytest.mark.parametrize("scale", ["qk_div", "none"])
+_BUFFERS_AND_SCALES = [(s, c) for s in ("qk_div", "none") for c in ("buffer_where", "buffer_local")]
+
+
+@pytest.mark.parametrize(
+    ("target", "scale", "causal"), one_target_fast(_BUFFERS_AND_SCALES, [f"{s}-{c}" for s, c in _BUFFERS_AND_SCALES])
+)
 def test_causal_buffer_select_then_padding_fuses_with_left_padding(causal, scale, target):
     """GPT-2 (scaled) and GPT-Neo (scale 1, sliding-window layers): ``Where(bias[:, :, T-S:T, :T], S, finfo.min)
     + (1 − m)·finfo.min``. In a left-padded row the keys the causal fill masks and the padded keys the row may
@@ -38,12 +42,16 @@ def test_causal_buffer_select_then_padding_fuses_with_left_padding(causal, scale
     _fuse_checked(model, target, feeds_for(model, left_padding=True))
 
 
-@pytest.mark.parametrize("mask", ["additive", "where_finfo", "where_reversed", "none"])
+_MASKS = ["additive", "where_finfo", "where_reversed", "none"]
+
+
+@pytest.mark.parametrize(("target", "mask"), one_target_fast([(m,) for m in _MASKS], _MASKS))
 def test_causal_buffer_with_every_mask(mask, target):
     model = attention_model(Variant(mask=mask, causal="buffer_where", symbolic=False))
     _fuse_checked(model, target, feeds_for(model, left_padding=True))
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_causal_buffer_with_a_cache(target):
     """The buffer sliced at rows T-S:T (past positions P = T - S): the op takes the cache as past_key/value."""
     model = attention_model(Variant(mask="padding_int", causal="buffer_where", past=True, k_layout="transpose_0132"))
@@ -106,8 +114,12 @@ def test_drawn_spellings_keep_left_padded_rows(variant):
             assert comparison.ok, f"{name} differs by {comparison.max_abs_diff}: {variant}"
 
 
-@pytest.mark.parametrize("query_bias", ["rel_pos_uv", "gated"])
-@pytest.mark.parametrize("scale", ["qk_div", "q_mul", "none"])
+_BIASES_AND_SCALES = [(b, s) for b in ("rel_pos_uv", "gated") for s in ("qk_div", "q_mul", "none")]
+
+
+@pytest.mark.parametrize(
+    ("target", "query_bias", "scale"), one_target_fast(_BIASES_AND_SCALES, [f"{b}-{s}" for b, s in _BIASES_AND_SCALES])
+)
 def test_query_dependent_biases_fuse(query_bias, scale, target):
     """Transformer-XL/Conformer's ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` — attention on the query Q + u, the position
     term an additive bias computed outside the op — and a gate computed from Q scaling a position bias."""
@@ -115,11 +127,13 @@ def test_query_dependent_biases_fuse(query_bias, scale, target):
     _fuse_checked(model, target, feeds_for(model, left_padding=True))
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_query_dependent_bias_with_a_causal_buffer_and_padding(target):
     model = attention_model(Variant(query_bias="gated", mask="padding_int", causal="buffer_where"))
     _fuse_checked(model, target, feeds_for(model, left_padding=True))
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_qdq_pairs_on_the_projections_stay_outside_the_fused_op(target):
     """QuantizeLinear → DequantizeLinear on Q, K and V: the fused op reads the dequantized values, exactly as
     the graph's MatMuls did."""
@@ -139,7 +153,7 @@ def test_quantized_probabilities_keep_the_block_unfused_and_say_why(target):
     assert_same_outputs(model, result.model, feeds, atol=0.0)
 
 
-@pytest.mark.parametrize("heads", [1, 2])
+@pytest.mark.parametrize(("target", "heads"), one_target_fast([(1,), (2,)], ["1", "2"]))
 def test_causal_buffer_over_batched_3d_matmuls_with_static_sizes(heads, target):
     """The buffer sliced by static sizes is a constant this evaluation computes: its shape is the array's,
     not the unknowns ONNX shape inference invents for it (which hid the heads axis of the scores)."""

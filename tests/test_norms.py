@@ -16,7 +16,7 @@ from egfuse import validate, writers
 from egfuse.lang import Tensor, is_weight, rank_of, scalar_of
 from egfuse.validate import make_feeds
 
-from .conftest import assert_same_outputs, feature_model
+from .conftest import assert_same_outputs, feature_model, one_target_fast
 from .test_rules import proves, saturated
 
 x, g, b, two, one, eps = (Tensor.value(i) for i in range(6))
@@ -137,12 +137,18 @@ def _fused_ops(model: onnx.ModelProto) -> set[str]:
     return {n.op_type for n in model.graph.node}
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx", "npu"])
-@pytest.mark.parametrize(("kind", "square", "division"), [
+_SPELLINGS = [
     ("layer", "pow", "div"), ("layer", "mul", "reciprocal"), ("layer", "pow", "one_over"),
     ("rms", "pow", "reciprocal"), ("rms", "mul", "div"), ("rms", "pow", "one_over"),
-])  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "square", "division"),
+    one_target_fast(_SPELLINGS, ["-".join(s) for s in _SPELLINGS], ("ort", "onnx", "npu")),
+)
 def test_norm_spellings_fuse_and_match(kind, square, division, target):
+    """Each spelling on one target in the fast suite (the targets taking turns), on the others with ``-m slow``."""
     model = norm_model(kind, square=square, division=division)
     result = egfuse.fuse(model, target=target)
     op = "LayerNormalization" if kind == "layer" else "RMSNormalization"

@@ -1,6 +1,7 @@
 """Shape facts the late-2023 dynamo exports (torch 2.1, transformers 4.36) need: buffers cut to a symbolic
 length, sizes written as sums (``s0*(s1//10) - s0``), ``arange(0, n)`` — each checked by fusing a real
-export and comparing it with the unfused model on onnxruntime."""
+export and comparing it with the unfused model on onnxruntime. Each export (or spelling) runs on one target in the
+fast suite, the targets alternating, and on the other in the slow one (``-m slow``, which CI runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from egfuse.dims import Dim
 from egfuse.facts import GraphFacts
 from egfuse.testing import CONCATS, Variant, attention_model, feeds_for
 
-from .conftest import DATA, assert_same_outputs
+from .conftest import DATA, assert_same_outputs, fast_on, one_target_fast
 
 OLD_DYNAMO = DATA / "old_dynamo"
 
@@ -77,13 +78,16 @@ def test_a_computed_tensor_cut_to_a_symbolic_length_is_not_claimed():
     assert facts.shape(cut) is None or facts.shape(cut)[1] != Dim(1, ("S",))
 
 
-@pytest.mark.parametrize("name", ["gpt2_eager", "gpt_neo_eager"])
+@pytest.mark.parametrize(
+    ("target", "name"), one_target_fast([("gpt2_eager",), ("gpt_neo_eager",)], ["gpt2_eager", "gpt_neo_eager"])
+)
 def test_causal_buffer_cut_to_the_sequence_fuses(name, target):
     """torch 2.1's dynamo export: the ``bias`` buffer sliced to ``Shape(input_ids)[1]`` under a ``Where``
     (and GPT-Neo's ``arange(0, S) < S + (S - S)`` mask arithmetic) are (S, S) facts."""
     _fuses_both_blocks(name, target)
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_probabilities_cast_like_themselves_fuse(target):
     """torch 2.1: ``CastLike(p, p)`` after the softmax is the identity, a ``CastLike(fill, p)`` reads p's dtype
     only — neither is a step between the probabilities and ``·V``."""
@@ -143,8 +147,12 @@ def test_nested_ifs_on_known_conditions_are_their_branches():
     assert [n.op_type for n in graph if n.op_type in ("If", "Softmax")] == ["Softmax"]
 
 
-@pytest.mark.parametrize("concat", CONCATS)
-@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize(
+    ("target", "interleaved", "concat"),
+    one_target_fast(
+        [(i, c) for i in (False, True) for c in CONCATS], [f"{i}-{c}" for i in (False, True) for c in CONCATS]
+    ),
+)
 def test_rope_from_stored_tables_cut_to_the_sequence_fuses(concat, interleaved, target):
     """transformers 4.36's ``cos_cached[:seq_len]`` (a Slice of a stored table whose end is ``Shape(x)[1]``) and
     torch 2.1's ``torch.cat`` as ``ConcatFromSequence(SequenceConstruct(…))`` in rotate_half."""
@@ -169,7 +177,11 @@ def _fuses_both_blocks(name: str, target: str) -> None:
     assert_same_outputs(model, result.model, feeds)
 
 
-@pytest.mark.parametrize("name", ["llama_eager"])
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [pytest.param("llama_eager", "onnx", id="onnx-llama_eager"),
+     pytest.param("llama_eager", "ort", marks=pytest.mark.slow, id="ort-llama_eager")],
+)  # fmt: skip
 def test_rope_of_torch21_dynamo_export_fuses(name, target):
     """The real late-2023 export: RoPE tables cut with a symbolic Slice, gathered by ``GatherND``, rotate_half
     concatenated from a sequence, and the causal mask built from ``arange`` arithmetic."""
@@ -247,11 +259,16 @@ def test_a_mask_folded_to_a_constant_keeps_its_shape():
     assert facts.const(mask) is not None and facts.shape(mask) == (Dim(7), Dim(7))
 
 
-@pytest.mark.parametrize("given", [True, False], ids=["feeds", "generated"])
+@pytest.mark.parametrize(
+    ("target", "given"),
+    [pytest.param(t, g, marks=[] if (t, g) == ("onnx", False) else [pytest.mark.slow], id=f"{t}-{i}")
+     for g, i in ((True, "feeds"), (False, "generated")) for t in ("ort", "onnx")],
+)  # fmt: skip
 def test_wav2vec2_dims_written_as_sums_fuse(given, target):
     """torch 2.3's wav2vec2 export: the convolution's output length times the batch appears as
     ``s0*(s1//10) - s0`` and as ``s0*((s1//10) - 1)``; one normal form makes the head reshapes read. Without
-    feeds, validation generates longer audio once 5 samples are too short for the strided convolutions."""
+    feeds, validation generates longer audio once 5 samples are too short for the strided convolutions. The fast
+    suite runs that case (on onnx; the result is then compared on the export's feeds too), ``-m slow`` the rest."""
     path = OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.onnx"
     model = onnx.load(path)
     with np.load(OLD_DYNAMO / "wav2vec2_eager.torch23.dynamo.feeds.npz") as data:

@@ -15,7 +15,7 @@ import pytest
 
 import egfuse
 
-from .conftest import fused_op_count
+from .conftest import fused_op_count, one_target_fast
 
 models = pytest.importorskip("onnxscript.rewriter.models", reason="onnxscript is in the dev extra")
 import onnx_ir as ir  # noqa: E402
@@ -41,12 +41,16 @@ CASES = {
 }
 
 
-# The decoders of LLM size (1-1.4 GB of random weights each; a minute a target) run with ``-m slow`` (CI does).
+# The decoders of LLM size (1-1.4 GB of random weights each; a minute a target) run with ``-m slow`` (CI does);
+# the others each on one target in the fast suite (the targets alternating), on the other with ``-m slow``.
 LARGE = {"smollm_1", "smollm_2", "phi2lm"}
-PARAMS = [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n for n in sorted(CASES)]
+SMALL = [n for n in sorted(CASES) if n not in LARGE]
+PARAMS = one_target_fast([(n,) for n in SMALL], SMALL) + [
+    pytest.param(t, n, marks=pytest.mark.slow, id=f"{t}-{n}") for n in sorted(LARGE) for t in ("ort", "onnx")
+]
 
 
-@pytest.mark.parametrize("name", PARAMS)
+@pytest.mark.parametrize(("target", "name"), PARAMS)
 def test_models_fuse(name, target):
     test_cls, blocks = CASES[name]
     case = test_cls()

@@ -1,4 +1,5 @@
-"""Graphs rebuilt from onnxruntime's own attention-fusion tests (``shared/peer-graphs/ort``)."""
+"""Graphs rebuilt from onnxruntime's own attention-fusion tests (``shared/peer-graphs/ort``). Each graph runs on
+one target in the fast suite, the targets alternating, and on the other in the slow one (``-m slow``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 import egfuse
 
-from .conftest import PEER, assert_same_outputs, fused_op_count
+from .conftest import PEER, assert_same_outputs, fused_op_count, one_target_fast
 
 if not (PEER / "manifest.json").exists():  # the graphs live beside the repo, not in it
     pytest.skip(f"peer graphs not found at {PEER}", allow_module_level=True)
@@ -56,7 +57,7 @@ def randomized(path) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("name", FUSES)
+@pytest.mark.parametrize(("target", "name"), one_target_fast([(n,) for n in FUSES], FUSES))
 def test_fuses_and_matches(name, target):
     model = randomized(PEER / name)
     feeds = feeds_for(MANIFEST[name])
@@ -81,7 +82,7 @@ ORT_GETS_WRONG = ["bart_sdpa_attention_no_mask.onnx", "bart_sdpa_attention_with_
                   "conformer_qk_div_masking.onnx"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ORT_GETS_WRONG)
+@pytest.mark.parametrize(("target", "name"), one_target_fast([(n,) for n in ORT_GETS_WRONG], ORT_GETS_WRONG))
 def test_graphs_ort_miscompiles_keep_their_meaning(name, target):
     model = randomized(PEER / name)
     feeds = feeds_for(MANIFEST[name], seed=3)

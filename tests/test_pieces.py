@@ -4,7 +4,8 @@ form, and attention written head by head (single-head attention, SHA), fuse like
 Two sources of those spellings: the generator's ``cache_read="split_score"`` (4D, written as NPU toolchains
 describe it), and the ``npu`` target's own output — rank-3 per-head ops, K/V per group, a per-head split-score
 cache — which every other target must fuse back into one op per block. Each test checks numerics against the
-original model on onnxruntime."""
+original model on onnxruntime. Each spelling runs on one target in the fast suite, the targets taking turns,
+and on the others in the slow one (``-m slow``, which CI runs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import fused_op_count, op_counts
+from .conftest import fused_op_count, one_target_fast, op_counts
 
 
 def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict) -> None:
@@ -54,8 +55,10 @@ SPLIT_SCORE = {
 }
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx", "npu"])
-@pytest.mark.parametrize("variant", list(SPLIT_SCORE.values()), ids=list(SPLIT_SCORE))
+@pytest.mark.parametrize(
+    ("target", "variant"),
+    one_target_fast([(v,) for v in SPLIT_SCORE.values()], list(SPLIT_SCORE), ("ort", "onnx", "npu")),
+)
 def test_a_cache_read_by_split_scores_fuses(variant: Variant, target: str):
     model = attention_model(variant)
     feeds = feeds_for(model, left_padding=True)
@@ -81,8 +84,9 @@ SINGLE_HEAD = {
 }
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize("variant", list(SINGLE_HEAD.values()), ids=list(SINGLE_HEAD))
+@pytest.mark.parametrize(
+    ("target", "variant"), one_target_fast([(v,) for v in SINGLE_HEAD.values()], list(SINGLE_HEAD))
+)
 def test_single_head_attention_fuses_back_into_one_op(variant: Variant, target: str):
     """The npu target's output (one rank-3 attention a head, the heads concatenated) as the input: the heads
     join back into the one op the target has, and the result still computes what the original model did."""

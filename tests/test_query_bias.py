@@ -15,7 +15,7 @@ from onnx_ir import passes
 import egfuse
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import fuse_one_block, fused_op_count, op_counts
+from .conftest import fast_on, fuse_one_block, fused_op_count, one_target_fast, op_counts
 from .test_layout_spellings import _assert_matches
 
 BASE = Variant()
@@ -37,7 +37,9 @@ def _id(spelling: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in spelling.items())
 
 
-@pytest.mark.parametrize("spelling", SPELLINGS, ids=[_id(s) for s in SPELLINGS])
+@pytest.mark.parametrize(
+    ("target", "spelling"), one_target_fast([(s,) for s in SPELLINGS], [_id(s) for s in SPELLINGS])
+)
 def test_query_dependent_bias_fuses(spelling, target):
     variant = BASE.replaced(**spelling)
     assert variant.query_bias == spelling["query_bias"]  # not dropped as incompatible
@@ -52,6 +54,7 @@ def test_query_dependent_bias_fuses(spelling, target):
         _assert_matches(model, result.model, check)
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_a_subtracted_mask_after_the_summed_terms_is_additive(target):
     """XLNet/Funnel: ``(AC + BD)·s − 1e30·mask`` — the subtraction applies to the whole sum, not to AC."""
     model = attention_model(BASE.replaced(query_bias="relative", mask="none"))

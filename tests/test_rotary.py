@@ -12,7 +12,7 @@ from egfuse.load import default_opset
 from egfuse.lower_terms import TermWriter
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs
+from .conftest import assert_same_outputs, fast_on, one_target_fast
 
 ROPE = Variant(k_layout="transpose_0132", rope=True, rope_tables="positions")
 
@@ -36,6 +36,7 @@ def test_rope_on_q_and_k_becomes_two_ops_beside_the_attention(target):
     assert_same_outputs(model, result.model, feeds_for(model, seed=3, batch=3, seq=4))
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_partial_rope_keeps_the_unrotated_features(target):
     model = attention_model(ROPE.replaced(rope_partial=True, head_dim=16))
     feeds = feeds_for(model)
@@ -46,7 +47,7 @@ def test_partial_rope_keeps_the_unrotated_features(target):
     assert_same_outputs(model, result.model, feeds)
 
 
-@pytest.mark.parametrize("seq_first", [False, True], ids=["bnsh", "bsnh"])
+@pytest.mark.parametrize(("target", "seq_first"), one_target_fast([(False,), (True,)], ["bnsh", "bsnh"]))
 def test_interleaved_rope_like_gptj(seq_first, target):
     """GPT-J pairs features (2i, 2i+1) and repeat_interleaves its tables, on (B, S, N, H) before the head
     transpose: the op's ``interleaved`` form, 3D on the merged heads for (B, S, N, H). Its tables need no
@@ -65,6 +66,7 @@ def test_interleaved_rope_like_gptj(seq_first, target):
     assert_same_outputs(model, result.model, feeds_for(model, seed=5, batch=3, seq=4))
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
     """cos/sin given as inputs could hold anything in their second half: the rotation stays as it was, the
     attention still fuses, and the report says why."""
@@ -74,6 +76,7 @@ def test_tables_fed_as_inputs_are_not_assumed_to_repeat_their_halves(target):
     assert all("halves are not provably equal (an input of the graph)" in r.reason for r in result.report.rotary)
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_a_rotation_that_differs_is_rolled_back(monkeypatch, target):
     """Validation is the backstop: with the halves' fact forced on tables that do not repeat (every graph input
     stated ``halves_repeat``), the op computes something else; validation catches it, puts the rotations back
@@ -115,7 +118,10 @@ def _onnxscript_rotary_models():
     return pytest.importorskip("onnxscript.rewriter.models._rotary_embedding_models", reason="onnxscript: dev extra")
 
 
-@pytest.mark.parametrize("case", ["test_case_1", "test_case_2", "partial_rotary_test_case"])
+_ONNXSCRIPT_CASES = ["test_case_1", "test_case_2", "partial_rotary_test_case"]
+
+
+@pytest.mark.parametrize(("target", "case"), one_target_fast([(c,) for c in _ONNXSCRIPT_CASES], _ONNXSCRIPT_CASES))
 def test_onnxscripts_rotary_models_fuse(case, target):
     """onnxscript's own RoPE fusion tests (position ids as (B, S) and as (S,), partial rotation of 32 of 80)."""
     import onnx_ir as ir

@@ -14,6 +14,8 @@ import egfuse
 from egfuse import validate
 from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 
+from .conftest import one_target_fast
+
 _PATH = Path(__file__).resolve().parents[1] / "experiments" / "validation_mutations.py"
 _spec = importlib.util.spec_from_file_location("validation_mutations", _PATH)
 mutations = importlib.util.module_from_spec(_spec)
@@ -22,9 +24,9 @@ _spec.loader.exec_module(mutations)
 BASES = ["encoder, padding", "int padding mask", "gqa, causal", "kv cache", "rope"]
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize(("target", "base"), one_target_fast([(b,) for b in BASES], BASES))
 def test_every_injected_fault_is_caught(base: str, target: str):
+    """Each base on one target in the fast suite (the targets alternating), on the other with ``-m slow``."""
     original = attention_model(mutations.BASES[base])
     result = egfuse.fuse(original, target=target)
     assert result.report.validated is True and result.report.fused == 1, str(result.report)

@@ -1,5 +1,6 @@
 """Each spelling choice exporters make, one at a time, on a self-attention block built by egfuse.testing:
-all land in one fused op, for both targets, with the original's numerics."""
+all land in one fused op, for both targets, with the original's numerics. Each spelling runs on one target in
+the fast suite, the targets alternating, and on the other in the slow one (``-m slow``, which CI runs)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from egfuse.testing import (
     variants,
 )
 
-from .conftest import assert_same_outputs, fuse_one_block, fused_op_count
+from .conftest import assert_same_outputs, fast_on, fuse_one_block, fused_op_count, one_target_fast
 
 BASE = Variant()
 ONE_AT_A_TIME = (
@@ -47,7 +48,9 @@ ONE_AT_A_TIME = (
 )
 
 
-@pytest.mark.parametrize(("field", "value"), ONE_AT_A_TIME, ids=[f"{f}={v}" for f, v in ONE_AT_A_TIME])
+@pytest.mark.parametrize(
+    ("target", "field", "value"), one_target_fast(ONE_AT_A_TIME, [f"{f}={v}" for f, v in ONE_AT_A_TIME])
+)
 def test_spelling_fuses(field, value, target):
     variant = dataclasses.replace(BASE, **{field: value})
     model = attention_model(variant)
@@ -57,7 +60,7 @@ def test_spelling_fuses(field, value, target):
     assert_same_outputs(model, result.model, feeds_for(model, seed=5, batch=3, seq=4))
 
 
-@pytest.mark.parametrize("spelling", ["div", "reciprocal"])
+@pytest.mark.parametrize(("target", "spelling"), one_target_fast([("div",), ("reciprocal",)], ["div", "reciprocal"]))
 def test_soft_capped_scores_fuse_into_the_softcap_attribute(spelling, target):
     """Gemma 2's cap·tanh(scores/cap): the standard op's ``softcap`` (MultiHeadAttention has none, so `ort`
     writes the standard op too)."""
@@ -106,7 +109,7 @@ def _cap_softmax_input(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2], ids=["mqa", "gqa"])
+@pytest.mark.parametrize(("target", "kv_heads"), one_target_fast([(1,), (2,)], ["mqa", "gqa"]))
 def test_grouped_kv_heads_fuse(kv_heads, target):
     """repeat_kv (Unsqueeze → Expand → Reshape) disappears: the standard op takes the K/V heads as they are
     (`ort` too: onnxruntime runs it faster than MultiHeadAttention on repeated heads)."""
@@ -141,6 +144,7 @@ def test_ort_repeats_grouped_heads_where_the_opset_cannot_be_raised(monkeypatch)
     assert_same_outputs(model, result.model, feeds)
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_half_precision_with_float32_softmax_fuses(target):
     """transformers' softmax(x, dtype=float32).to(float16): the Casts around the Softmax are rounding only."""
     model = attention_model(Variant(dtype="float16", mask="padding_int", scale="runtime"))
@@ -169,7 +173,7 @@ REGRESSIONS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+@pytest.mark.parametrize(("target", "name"), one_target_fast([(n,) for n in sorted(REGRESSIONS)], sorted(REGRESSIONS)))
 def test_regression(name, target):
     model = attention_model(REGRESSIONS[name])
     feeds = feeds_for(model)
@@ -178,6 +182,7 @@ def test_regression(name, target):
     assert_same_outputs(model, result.model, feeds)
 
 
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_custom_scale_is_kept(target):
     model = attention_model(dataclasses.replace(BASE, scale="custom"))
     result = egfuse.fuse(model, target=target)
@@ -185,6 +190,7 @@ def test_custom_scale_is_kept(target):
     assert scales == [pytest.approx(0.3)]
 
 
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_no_scale_gives_scale_one(target):
     model = attention_model(dataclasses.replace(BASE, scale="none"))
     result = egfuse.fuse(model, target=target)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.testing import disagreements
 
-from .conftest import fused_op_count
+from .conftest import fast_on, fused_op_count
 
 B, W, N, S, H = 2, 3, 2, 4, 8
 
@@ -47,7 +47,7 @@ def _feeds(kv_windows: int = W) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", fast_on("ort"))
 def test_windowed_attention_fuses_on_the_folded_batch(target: str):
     model, feeds = _windowed(), _feeds()
     result = egfuse.fuse(model, target=target, feeds=feeds)
@@ -102,7 +102,7 @@ def _shifted_feeds(mask_batch: int = 1) -> dict[str, np.ndarray]:
     return feeds
 
 
-@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("target", fast_on("onnx"))
 def test_a_per_window_mask_is_a_mask_of_the_folded_batch(target: str):
     model, feeds = _shifted(), _shifted_feeds()
     result = egfuse.fuse(model, target=target, feeds=feeds)
