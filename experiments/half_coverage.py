@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--merge", action="store_true", help="keep the earlier results' rows of other models")
+    parser.add_argument("--merge", action="store_true", help="keep the earlier results' other rows")
     args = parser.parse_args(argv)
     manifest = json.loads((args.corpus / "manifest.json").read_text())
     entries = [e for e in manifest["models"] if e["file"] and (not args.only or e["name"] in args.only)]
@@ -152,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "ok" if row["correct"] else row["reason"][:80]
         print(f"{entry['name']:<30} {tool:<12} {row['fused']}/{row['blocks']} {verdict}", flush=True)
     path = RESULTS / "half_coverage.json"
-    if args.merge and path.exists():  # a partial re-run replaces its models' rows and keeps the others
-        fresh = {r["model"] for r in rows}
-        rows += [r for r in json.loads(path.read_text())["rows"] if r["model"] not in fresh and r["tool"] in tools]
+    if args.merge and path.exists():  # a partial re-run replaces its (model, tool) rows and keeps the others
+        earlier = json.loads(path.read_text())
+        fresh = {(r["model"], r["tool"]) for r in rows}
+        tools = tuple(dict.fromkeys([*earlier["tools"], *tools]))
+        rows += [r for r in earlier["rows"] if (r["model"], r["tool"]) not in fresh]
     rows.sort(key=lambda r: (r["dtype"], r["model"], tools.index(r["tool"])))
     models = len({r["model"] for r in rows})
     failed = [e["name"] for e in manifest["models"] if not e["file"]]
