@@ -82,6 +82,12 @@ def judge_one(entry: dict, tool: str, corpus: Path, hidden: int, timeout: float)
             "seconds": record.get("seconds")}  # fmt: skip
 
 
+def repo_relative(reason: str) -> str:
+    """``reason`` with this checkout's path cut (onnxruntime's errors name the model's file): results hold
+    repo-relative paths."""
+    return reason.replace(f"{HERE.parent}/", "")
+
+
 def summarise(rows: list[dict], tools: tuple[str, ...]) -> dict:
     """Per dtype and tool: blocks fused and correct of all blocks, models fused but wrong."""
     summary: dict = defaultdict(dict)
@@ -147,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(outcome, Exception):
             outcome = {"fused": 0, "correct": False, "reason": repr(outcome)[:200]}
         dtype = next(d for s, d in DTYPES.items() if entry["name"].endswith(s))
+        outcome["reason"] = repo_relative(outcome.get("reason", ""))
         row = {"model": entry["name"], "dtype": dtype, "tool": tool, "blocks": entry["blocks"], **outcome}
         rows.append(row)
         verdict = "ok" if row["correct"] else row["reason"][:80]
