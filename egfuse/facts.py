@@ -242,9 +242,11 @@ class GraphFacts:
             fill = attr(node, "value")
             const = fill.numpy() if fill is not None else np.zeros(1, np.float32)
         if const is not None:
-            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
-            finite = np.asarray(const, np.float64)[np.isfinite(np.asarray(const, np.float64))] if numeric else None
-            return None if finite is None else float(np.max(np.abs(finite))) if finite.size else 0.0
+            if not (np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16):
+                return None
+            values = np.asarray(const, np.float64)
+            finite = values[np.isfinite(values)]
+            return float(np.max(np.abs(finite))) if finite.size else 0.0
         if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
         op, inputs = node.op_type, node.inputs

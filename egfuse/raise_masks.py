@@ -135,26 +135,19 @@ class MaskWriter(NodeBuilder):
     def widens_for_half(self, cid: EClass) -> bool:
         """Whether a float16 fused op that adds its mask to float32 scores (the standard ``Attention``, whose mask
         type is free) must get the mask ``cid`` in float32 (:meth:`wide_value`) to compute what the graph did:
-        it holds a select's absorbing fill (:meth:`selects_fills`), a clamp at finfo.min
-        (:meth:`clamps_at_lowest`), or a sum that may leave float16's range (:meth:`sum_may_overflow`) — and no
-        finite select fill. A finite select fill (−1e4) hides only scores well above it: on scores below it the
-        select and any additive mask differ in every row, widened or not, so a mask holding one stays as it is
-        (validation judges it; widening it, which scales the fill to absorb the scores, moved the difference to
-        where fewer feeds see it)."""
+        it holds a select's absorbing fill (:meth:`_absorbing_select_fill`: the graph replaced the masked scores
+        by it, so a query row whose every key it hides is uniform however large the scores, which an additive
+        float16 fill keeps for no kernel that adds in float32 — |S| > 16 against float16's finfo.min), a clamp
+        at finfo.min (:meth:`clamps_at_lowest`), or a sum that may leave float16's range
+        (:meth:`sum_may_overflow`) — and no finite select fill. A finite select fill (−1e4) hides only scores
+        well above it: on scores below it the select and any additive mask differ in every row, widened or not,
+        so a mask holding one stays as it is (validation judges it; widening it, which scales the fill to absorb
+        the scores, moved the difference to where fewer feeds see it)."""
         absorbing, finite = self._select_fills(cid)
         if finite:
             return False
         limit = float(np.finfo(np.float16).max)
         return absorbing or self.clamps_at_lowest(cid) or self.sum_may_overflow(cid, limit)
-
-    def selects_fills(self, cid: EClass) -> bool:
-        """Whether the mask ``cid`` holds a select's absorbing fill (a ``full_like`` under a ``where``: the graph
-        replaced the masked scores by it; :meth:`_absorbing_select_fill`) and no finite one. A query row whose
-        every key such a fill hides is uniform over them in the graph however large the scores; an additive mask
-        keeps that only where the fill absorbs every score added to it, which no half-precision number does for
-        a kernel that adds in float32 (|S| > 16 against float16's finfo.min)."""
-        absorbing, finite = self._select_fills(cid)
-        return absorbing and not finite
 
     def _select_fills(self, cid: EClass) -> tuple[bool, bool]:
         """Whether the mask ``cid`` holds an absorbing select fill, and whether it holds a finite one."""

@@ -62,7 +62,7 @@ ROUNDING_ULPS = 64
 float32 evaluation by more than this many ulps is a row whose answer is the rounding of its scores against a
 finite fill — every key it may see hidden (padding on the left under a causal mask makes them in any feeds,
 not only those built to). No kernel is bound to reproduce that rounding (onnxruntime's float16 ``Attention``
-computes the masked softmax in float32), so such a row need only be finite in the rows where the original is. The
+computes the masked softmax in float32), so such a row need only be finite where the original's row is. The
 other rows are judged against the original's precision on them alone: a fault in an ordinary row cannot hide
 behind another row's rounding."""
 
