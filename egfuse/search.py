@@ -31,6 +31,7 @@ from egfuse.report import WRITTEN_NOTE, RegionReport, Report
 from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, Session
+from egfuse.shape_reads import rewrite_dead_shape_reads
 from egfuse.shapes import class_shapes
 from egfuse.targets.spec import FUSED, LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 
@@ -250,6 +251,7 @@ def fuse_once(
         for domain, version in opsets:
             if model.opset_imports.get(domain, 0) < version:
                 model.opset_imports[domain] = version
+        report.stats["shape_reads_rewritten"] = rewrite_dead_shape_reads(graph, facts, default_opset(prepared))
         ir_passes.RemoveUnusedNodesPass()(model)
         # What each region wrote alike (a mask squeezed or made additive from the same input, constants) is
         # computed once for all layers.

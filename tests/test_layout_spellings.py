@@ -80,18 +80,18 @@ def test_tf2onnx_einsum_lowering_fuses(spelling, target):
         _assert_matches(model, result.model, check)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the lowering's reshape targets are Shape()s of the probabilities (tf2onnx with dynamic dims; "
-    "the generator's batched_3d spelling expands P to Shape(P)), and a Shape read of a fused region's interior "
-    "keeps the scores and softmax computed, for their shape only — rewriting Shape(x) to a shape of surviving "
-    "values (a dim source) is not written yet",
-)
 def test_a_shape_read_of_the_probabilities_does_not_keep_the_softmax():
+    """tf2onnx's lowering reshapes by ``Shape(probabilities)``: the shape is read from surviving values
+    instead (``egfuse.shape_reads``), so no score, softmax or score MatMul is computed for it."""
     model = attention_model(BASE.replaced(**TF2ONNX_EINSUMS[0]))
-    result = egfuse.fuse(model, target="onnx", feeds=feeds_for(model))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert result.report.fused == 1
     assert "Softmax" not in op_counts(result.model), op_counts(result.model)
+    assert op_counts(result.model).get("MatMul") == 3, op_counts(result.model)  # the projections only
+    assert result.report.stats["shape_reads_rewritten"] >= 1
+    for check in (feeds, feeds_for(model, seed=5, batch=3, seq=4)):
+        _assert_matches(model, result.model, check)
 
 
 def _assert_matches(original: onnx.ModelProto, fused: onnx.ModelProto, feeds: dict) -> None:
