@@ -76,6 +76,12 @@ class Spec:
     head_dim: int = 8
     producer: str = "timm"
     impls: tuple[str, ...] = ("fused", "eager")  # narrowed to ("eager",) where no module has a fused path
+    # Hooks for other producers (experiments/producers_diffusers.py); None keeps timm's and open_clip's behaviour:
+    configure: Callable[[Any, str], None] | None = None  # called with the built model and the implementation
+    modules: Callable[[Any], list] | None = None  # the attention modules to count (default: by class name)
+    batched: tuple[str, ...] | None = None  # the inputs with a batch axis (default: all)
+    outputs: tuple[str, ...] | None = None  # output names (default: last_hidden_state, or pooled + it)
+    rewrite: Callable[[Path, str], None] | None = None  # on each exported file and its exporter, before the check
 
 
 @dataclass
@@ -252,13 +258,15 @@ def has_fused_path(spec: Spec) -> bool:
     return any(getattr(m, "fused_attn", False) for m in model.modules())
 
 
-def _run_framework(model, args: tuple) -> tuple[list[np.ndarray], dict[str, int]]:
-    """The model's outputs on the feeds, and how often each attention class ran (forward hooks)."""
+def _run_framework(model, args: tuple, modules: Callable[[Any], list] | None = None
+                   ) -> tuple[list[np.ndarray], dict[str, int]]:  # fmt: skip
+    """The model's outputs on the feeds, and how often each attention class ran (forward hooks on ``modules(model)``,
+    by default :func:`_attention_modules`)."""
     import torch
 
     calls: Counter[str] = Counter()
     handles = [m.register_forward_hook(lambda mod, i, o: calls.update([type(mod).__name__]))
-               for m in _attention_modules(model)]  # fmt: skip
+               for m in (modules or _attention_modules)(model)]  # fmt: skip
     try:
         with torch.no_grad():
             out = model(*args)
@@ -278,8 +286,10 @@ def _ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return session.run(None, feeds)
 
 
-def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], path: Path) -> str | None:
-    """``torch.onnx.export(dynamo=True)`` at opset 18 with a dynamic batch; static shapes when that fails (noted)."""
+def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], path: Path,
+                   batched: tuple[str, ...] | None = None) -> str | None:  # fmt: skip
+    """``torch.onnx.export(dynamo=True)`` at opset 18 with a dynamic batch (on the ``batched`` inputs, default all);
+    static shapes when that fails (noted)."""
     import torch
 
     common = {
@@ -291,7 +301,8 @@ def _export_dynamo(model, args: tuple, names: list[str], outputs: list[str], pat
     }  # one file per model, as the corpus format has it
     batch = torch.export.Dim("batch", min=1, max=64)
     try:
-        torch.onnx.export(model, args, str(path), dynamic_shapes=tuple({0: batch} for _ in args), **common)
+        shapes = tuple({0: batch} if batched is None or n in batched else None for n in names)
+        torch.onnx.export(model, args, str(path), dynamic_shapes=shapes, **common)
         return None
     except Exception as err:  # retried without dynamic shapes, reason noted
         first = drift_corpus._reason(err)
@@ -311,20 +322,25 @@ def export(spec: Spec, impl: str, exporter: str, out_dir: Path) -> Entry:
             _set_fused(impl)
         torch.manual_seed(0)
         model = spec.build().eval()
+        if spec.configure:
+            spec.configure(model, impl)
         feeds = spec.feeds()
         names = list(feeds)
         args = tuple(torch.from_numpy(v) for v in feeds.values())
-        expected, calls = _run_framework(model, args)
+        expected, calls = _run_framework(model, args, spec.modules)
         entry.blocks, entry.attention_modules = sum(calls.values()), calls
         outputs = ["last_hidden_state"] if len(expected) == 1 else ["pooled", "last_hidden_state"]
-        axes = {n: {0: "batch"} for n in names}
+        outputs = list(spec.outputs) if spec.outputs else outputs
+        axes = {n: {0: "batch"} for n in names if spec.batched is None or n in spec.batched}
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), drift_corpus._quiet_fds():
             warnings.simplefilter("ignore")
             if exporter == "torchscript":
                 torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs,
                                   dynamic_axes=axes, opset_version=17, dynamo=False)  # fmt: skip
             else:
-                entry.note = _export_dynamo(model, args, names, outputs, path)
+                entry.note = _export_dynamo(model, args, names, outputs, path, spec.batched)
+        if spec.rewrite:
+            spec.rewrite(path, exporter)
         feeds = drift_corpus._keyed_by_graph_inputs(path, feeds)
         got = _ort_outputs(path, feeds)
         if len(got) != len(expected):
@@ -384,21 +400,22 @@ def _run_forked(job: Callable[[], Entry], fallback: Entry, timeout: float) -> En
     return fallback
 
 
-def export_producer(producer: str, out_dir: Path, only: list[str] | None, timeout: float) -> int:
-    """Export every (architecture, attention implementation, exporter) of one producer into ``out_dir``."""
+def export_producer(producer: str, out_dir: Path, only: list[str] | None, timeout: float,
+                    specs: list[Spec] | None = None, packages: tuple[str, ...] = PACKAGES,
+                    extra: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """Export every (architecture, attention implementation, exporter) of one producer into ``out_dir``: its
+    ``specs`` (default ``SPECS[producer]``), the versions of ``packages`` and the ``extra`` keys in the manifest."""
+    import importlib
     import importlib.metadata as metadata
 
     import onnx  # noqa: F401 - imported before forking, like torch
     import onnxruntime  # noqa: F401
     import torch
 
-    if producer == "timm":
-        import timm  # noqa: F401
-    else:
-        import open_clip  # noqa: F401
+    importlib.import_module(producer)  # the producer's package (timm, open_clip, diffusers) before forking
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs = [s for s in SPECS[producer] if not only or s.name in only]
+    specs = [s for s in (SPECS[producer] if specs is None else specs) if not only or s.name in only]
     skipped = []
     for spec in specs:
         if producer == "timm" and not has_fused_path(spec):
@@ -424,7 +441,7 @@ def export_producer(producer: str, out_dir: Path, only: list[str] | None, timeou
         rows = [r for r in old["models"] if (r["name"], r["exporter"]) not in fresh] + rows
         skipped = sorted(set(old.get("no_fused_path", [])) | set(skipped))
     versions = {}
-    for package in PACKAGES:
+    for package in packages:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     manifest = {
@@ -434,6 +451,7 @@ def export_producer(producer: str, out_dir: Path, only: list[str] | None, timeou
         "export_seconds": round(sum(e.export_seconds for e in entries), 1),
         "hidden": 32, "heads": 4, "kv_heads": 4, "layers": 2,
         "no_fused_path": skipped,  # architectures exported only as _eager: their _fused graph would be the same
+        **(extra or {}),
         "models": rows,
     }  # fmt: skip
     path.write_text(json.dumps(manifest, indent=1) + "\n")  # last: its presence means the producer is complete

@@ -1,7 +1,8 @@
 """Producers other than transformers + torch.onnx (``experiments/producers_keras.py``,
-``experiments/producers_timm.py``, committed under tests/data/producers/<producer>/): Keras 3 models through
-tf2onnx and through keras' own ``model.export``, timm vision transformers and open_clip through both torch
-exporters. Every export fuses the blocks the framework counted — or, for the blocks listed in
+``experiments/producers_timm.py``, ``experiments/producers_diffusers.py``, committed under
+tests/data/producers/<producer>/): Keras 3 models through tf2onnx and through keras' own ``model.export``, timm
+vision transformers, open_clip and diffusers (UNet cross-attention, DiT, SD3/SD3.5 joint attention, Flux) through
+both torch exporters. Every export fuses the blocks the framework counted — or, for the blocks listed in
 :data:`KNOWN_GAPS`, exactly as many as said there and why — validated by egfuse's generated inputs, and the
 result matches the original on the export's own feeds.
 
@@ -70,9 +71,10 @@ def _cases() -> list:
 
 
 def test_the_corpus_has_every_producer():
-    """Keras through both routes and timm, each with a manifest of versions; a bare clone has them (committed)."""
+    """Keras through both routes, timm and diffusers, each with a manifest of versions; a bare clone has them
+    (committed)."""
     names = {p.name for p in PRODUCERS}
-    assert {"keras_tf2onnx", "timm"} <= names, names
+    assert {"keras_tf2onnx", "timm", "diffusers"} <= names, names
     for producer in PRODUCERS:
         assert json.loads((producer / "manifest.json").read_text())["models"], producer.name
 
