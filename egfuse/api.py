@@ -39,13 +39,27 @@ __all__ = ["Budgets", "FuseResult", "fuse", "infer_shapes", "save_model"]
 
 @dataclass
 class FuseResult:
-    model: onnx.ModelProto
+    _model: onnx.ModelProto
     report: Report
     _source_external: bool = field(default=False, repr=False)
     """The input kept its weights outside the .onnx file (the result keeps only this of the input: holding the
     input itself would keep a second copy of a large model's weights alive as long as the result)."""
     _inputs: tuple[Path, ...] = field(default=(), repr=False)
     """The files the input was read from (the model, its weights): a save never writes over them."""
+    _weights_folder: Path | None = field(default=None, repr=False)
+    """Where the result's large tensors still are (the input's own files): read by :attr:`model` on first use,
+    streamed from there by :meth:`save`."""
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The fused model, its weights inline. A model whose weights stayed in their files while egfuse worked
+        reads them here, once: :meth:`save` does not need to (it streams them into the new weights file)."""
+        if self._weights_folder is not None:
+            for tensor in self._model.graph.initializer:
+                if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                    protos.read_inline(tensor, self._weights_folder)
+            self._weights_folder = None
+        return self._model
 
     def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
         """Write atomically: a crash leaves the old model (and weights) at ``path`` or the new, never half of
@@ -55,7 +69,14 @@ class FuseResult:
         regular file."""
         if external_data is None and self._source_external:
             external_data = True
-        save_model(self.model, Path(path), external_data=external_data, inputs=model_inputs(self._inputs))
+        streamed = self._weights_folder is not None and external_data is not False
+        save_model(
+            self._model if streamed else self.model,
+            Path(path),
+            external_data=external_data,
+            inputs=model_inputs(self._inputs),
+            weights_folder=self._weights_folder if streamed else None,
+        )
 
     def to_ir(self) -> ir.Model:
         return ir.serde.deserialize_model(self.model)
@@ -116,7 +137,13 @@ def fuse(
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:
         _sign(fused_proto)
-    return FuseResult(fused_proto, report, loaded.external_data, loaded.files)
+    return FuseResult(fused_proto, report, loaded.external_data, loaded.files, loaded.weights_folder)
+
+
+def _kept_weights(loaded: LoadedModel) -> protos.DetachedWeights | None:
+    """The files a model read from a path keeps its weights in, for onnxruntime to map: None where inline."""
+    folder = loaded.weights_folder
+    return None if folder is None else protos.DetachedWeights.kept_in(loaded.proto, folder)
 
 
 def _unloadable_note(loaded: LoadedModel, report: Report, searched: onnx.ModelProto) -> str | None:
@@ -127,7 +154,7 @@ def _unloadable_note(loaded: LoadedModel, report: Report, searched: onnx.ModelPr
     if not report.validated or searched is loaded.proto:
         return None
     try:
-        runner.session(loaded.proto)
+        runner.session(loaded.proto, _kept_weights(loaded))
     except Exception as err:  # onnxruntime refuses the model as written
         return (
             f"onnxruntime does not load the model as given ({short(err)}); with its local functions inlined it "
@@ -243,7 +270,7 @@ def _blame_the_inlining(loaded: LoadedModel, feeds: dict | None, report: Report)
     if report.validated is not None or not note.startswith("nothing applied: the original model does not"):
         return
     try:
-        validate_.original_outputs(loaded.proto, feeds, [])
+        validate_.original_outputs(loaded.proto, feeds, [], weights=_kept_weights(loaded))
     except Exception:  # the model itself does not run: the note stands
         return
     cause = note.split("(", 1)[1].rsplit(")", 1)[0] if "(" in note else note
@@ -272,7 +299,10 @@ def _fuse_loaded(
     origins: dict[str, str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """One model through the stages; ``origins`` maps inlined node names to the functions they came from."""
-    if protos.weight_bytes(loaded.proto) <= protos.DETACH_BYTES:
+    if loaded.weights_folder is not None:  # the weights are in the user's files, and stay there
+        weights = protos.DetachedWeights.kept_in(loaded.proto, loaded.weights_folder)
+        fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, weights, origins)
+    elif protos.weight_bytes(loaded.proto) <= protos.DETACH_BYTES:
         fused_proto, report = _fuse(loaded, chosen, validate, feeds, budgets, None, origins)
     else:  # every stage on the graph without its weights; the weights come back into the result alone
         with protos.DetachedWeights(loaded.proto) as weights:

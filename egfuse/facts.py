@@ -10,6 +10,9 @@ makes them unused.
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
@@ -68,6 +71,52 @@ _FINITE_LAYOUT = frozenset(
 """Ops that only move, copy or select elements: a result of finite elements has finite elements."""
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What the facts ask of a stored tensor's values, read in one pass: all finite, the largest finite
+    magnitude (0 for none), the largest magnitude (None where some element is not finite), whether its two
+    halves along the last axis are equal (a RoPE table stored with its halves repeated)."""
+
+    finite: bool
+    finite_bound: float | None
+    bound: float | None
+    halves_repeat: bool
+
+
+_CHUNK_ELEMENTS = 1 << 22
+"""Rows read at a time when summarising a stored tensor: its temporaries stay a few MB whatever its size."""
+
+
+def summarize(array: np.ndarray) -> Summary | None:
+    """``array``'s :class:`Summary` (None for a non-numeric one), read in chunks of rows: a weight mapped from a
+    file is never copied whole (``np.abs`` of a 2 GB projection would be another 2 GB)."""
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == ml_dtypes.bfloat16):
+        return None
+    rows = array.reshape(-1, array.shape[-1]) if array.ndim >= 1 and array.size else array.reshape(1, -1)
+    half = rows.shape[1] // 2 if rows.shape[1] % 2 == 0 and rows.shape[1] > 0 else 0
+    step = max(1, _CHUNK_ELEMENTS // max(1, rows.shape[1]))
+    finite, largest, halves = True, 0.0, bool(half) and np.issubdtype(array.dtype, np.floating)
+    for start in range(0, rows.shape[0], step):
+        chunk = np.asarray(rows[start : start + step], np.float64)
+        mask = np.isfinite(chunk)
+        finite = finite and bool(mask.all())
+        if mask.any():
+            largest = max(largest, float(np.max(np.abs(chunk[mask]))))
+        halves = halves and bool(np.array_equal(chunk[:, :half], chunk[:, half:]))
+        del chunk, mask
+    return Summary(finite, largest, largest if finite else None, halves)
+
+
+def _release(value: ir.Value) -> None:
+    """Unmap ``value``'s data if it was mapped from a file (read again, mapped again, on the next use)."""
+    node = value.producer()
+    while node is not None and node.op_type in ("Identity", "Transpose") and node.inputs:
+        value, node = node.inputs[0], node.inputs[0].producer()
+    if isinstance(value.const_value, ir.ExternalTensor):
+        with contextlib.suppress(BufferError):  # a view of it is still held somewhere: it stays mapped
+            value.const_value.release()
+
+
 def _memoized(table: dict, value: ir.Value, unknown, compute):
     """``table[value]``, computed once by ``compute(value)``; a value reached again while its own answer is being
     computed (no DAG does that) reads ``unknown``."""
@@ -113,6 +162,7 @@ class GraphFacts:
         self._finite: dict[ir.Value, bool] = {}
         self._magnitude: dict[ir.Value, float | None] = {}
         self._finite_magnitude: dict[ir.Value, float | None] = {}
+        self._summaries: dict[ir.Value, Summary | None] = {}
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -141,6 +191,18 @@ class GraphFacts:
             return np.transpose(source, perm)  # a weight stored transposed (Linear's W, dynamo exports)
         return self.const(value)
 
+    def summary(self, value: ir.Value | None) -> Summary | None:
+        """The :class:`Summary` of a stored constant's values (None where ``value`` is none), read once; a
+        weight mapped from its file is unmapped again after (the validation sessions map it themselves)."""
+        if value is None:
+            return None
+        if value not in self._summaries:
+            array = self.weight(value)
+            self._summaries[value] = None if array is None else summarize(array)
+            del array
+            _release(value)
+        return self._summaries[value]
+
     def scalar(self, value: ir.Value | None) -> float | None:
         """The value of a one-element constant of rank ≤ 1 (broadcasts like a scalar onto any operand)."""
         c = self.const(value)
@@ -166,10 +228,9 @@ class GraphFacts:
         return value is not None and _memoized(self._finite, value, False, self._is_finite)
 
     def _is_finite(self, value: ir.Value) -> bool:
-        const = self.weight(value)
-        if const is not None:  # bfloat16 too: ml_dtypes gives it isfinite, though it is no np.number
-            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
-            return bool(numeric and np.all(np.isfinite(const)))
+        if self.weight(value) is not None:  # bfloat16 too: ml_dtypes gives it isfinite, though it is no np.number
+            summary = self.summary(value)
+            return summary is not None and summary.finite
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx"):
             return False
@@ -204,12 +265,9 @@ class GraphFacts:
         if dtype is not None and dtype.is_integer():
             info = np.iinfo(dtype.numpy())
             return float(max(abs(int(info.min)), int(info.max)))
-        const = self.weight(value)
-        if const is not None:
-            numeric = np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16
-            if not numeric or not np.all(np.isfinite(const)):
-                return None
-            return float(np.max(np.abs(const))) if const.size else 0.0
+        if self.weight(value) is not None:
+            summary = self.summary(value)
+            return None if summary is None else summary.bound
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
@@ -237,16 +295,13 @@ class GraphFacts:
 
     def _finite_bound(self, value: ir.Value) -> float | None:
         node = value.producer()
-        const = self.weight(value)
-        if const is None and node is not None and node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
+        if self.weight(value) is not None:
+            summary = self.summary(value)
+            return None if summary is None else summary.finite_bound
+        if node is not None and node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
             fill = attr(node, "value")
-            const = fill.numpy() if fill is not None else np.zeros(1, np.float32)
-        if const is not None:
-            if not (np.issubdtype(const.dtype, np.number) or const.dtype == ml_dtypes.bfloat16):
-                return None
-            values = np.asarray(const, np.float64)
-            finite = values[np.isfinite(values)]
-            return float(np.max(np.abs(finite))) if finite.size else 0.0
+            summary = summarize(fill.numpy() if fill is not None else np.zeros(1, np.float32))
+            return None if summary is None else summary.finite_bound
         if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
         op, inputs = node.op_type, node.inputs

@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from egfuse import well_formed
+from egfuse import protos, well_formed
 from egfuse.errors import EgfuseError, ExternalDataError
 
 MIN_OPSET = 7  # Softmax/MatMul semantics this old are what the rules assume from here on
@@ -28,6 +28,9 @@ class LoadedModel:
     source: str  # a path or "<ModelProto>"
     external_data: bool = False  # weights were stored outside the .onnx file: keep them outside
     files: tuple[Path, ...] = ()  # the files it was read from (the model, its weights): outputs must spare them
+    weights_folder: Path | None = None
+    """Where ``proto``'s large tensors still are: a model whose weights are all in files is never read whole
+    (every stage works on the graph, onnxruntime maps the files, the result's weights are streamed from them)."""
 
     @property
     def opset(self) -> int:
@@ -79,8 +82,12 @@ def _load_path(path: Path) -> LoadedModel:
         raise EgfuseError(f"not a readable ONNX model (truncated or not protobuf): {err}", path=str(path)) from None
     if not proto.graph.node and not proto.graph.output:
         raise EgfuseError("not an ONNX model: it has no graph", path=str(path))
-    weights = read_external_data(proto, path.parent, str(path))
-    return LoadedModel(proto, str(path), bool(weights), (path, *weights))
+    # Weights already in files stay there (only small tensors are read: what the stages reason about), unless
+    # large tensors are inline too: then all are read, and kept apart in one file of egfuse's own (protos).
+    keep = protos.SMALL_TENSOR if protos.weight_bytes(proto) <= protos.DETACH_BYTES else None
+    weights = read_external_data(proto, path.parent, str(path), keep_from=keep)
+    folder = path.parent if keep is not None and _external_tensors(proto) else None
+    return LoadedModel(proto, str(path), bool(weights), (path, *weights), folder)
 
 
 def model_files(path: Path) -> tuple[Path, ...]:
@@ -95,18 +102,25 @@ def model_files(path: Path) -> tuple[Path, ...]:
     return (path, *(path.parent / loc for loc in locations if loc))
 
 
-def read_external_data(proto: onnx.ModelProto, folder: Path, source: str) -> tuple[Path, ...]:
+def read_external_data(
+    proto: onnx.ModelProto, folder: Path, source: str, *, keep_from: int | None = None
+) -> tuple[Path, ...]:
     """Put the bytes of every tensor stored outside ``proto`` inline, read from files in ``folder`` — only
     there: a location may not leave it (absolute, ``..``, a symlink out), and its span must lie in the file and
     hold exactly the tensor's bytes, so a wrong or stray file is an error, not silently different weights.
-    Returns the files read."""
+    Initializers of the main graph of ``keep_from`` bytes or more are checked alike but left in their files.
+    Returns the files the tensors are in."""
     tensors = _external_tensors(proto)
-    files: dict[Path, BinaryIO] = {}
+    kept = {id(t) for t in proto.graph.initializer} if keep_from is not None else set()
+    files: dict[Path, BinaryIO | None] = {}
     with ExitStack() as stack:
         for tensor in tensors:
             file = _external_file(tensor, folder, source)
             offset, length = _external_span(tensor, file, source)
-            if file not in files:
+            if id(tensor) in kept and length >= keep_from:
+                files.setdefault(file, None)
+                continue
+            if files.get(file) is None:
                 files[file] = stack.enter_context(_open_weights(file, source))
             files[file].seek(offset)
             tensor.raw_data = files[file].read(length)

@@ -149,17 +149,19 @@ class TermWriter:
         if scalar is not None and not math.isnan(scalar):  # ±inf are kept: −inf is the usual mask fill
             cmds.append(f"(set ({self.n['scalar_of']} {term}) {float_text(scalar)})")
         const = self.facts.weight(value)
-        if const is not None:
+        stored = None if const is None else const.shape
+        del const  # (a mapped weight is unmapped once summarised: no view of it may stay alive)
+        if stored is not None:
             cmds.append(f"({self.n['is_weight']} {term})")
-            for axis in (-1, -2)[: const.ndim]:
-                cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{const.shape[axis]}")')
-        if const is not None and const.ndim >= 2 and const.shape[-1] % 2 == 0 and const.shape[-1] > 0:
-            half = const.shape[-1] // 2  # a stored cos/sin table: its halves compared, once
-            if np.issubdtype(const.dtype, np.floating) and np.array_equal(const[..., :half], const[..., half:]):
+            for axis in (-1, -2)[: len(stored)]:
+                cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{stored[axis]}")')
+        if stored is not None and len(stored) >= 2:
+            summary = self.facts.summary(value)  # a stored cos/sin table: its halves compared, once
+            if summary is not None and summary.halves_repeat:
                 cmds.append(f"({self.n['halves_repeat']} {term})")
-                if const.ndim == 4:  # stored with the heads axis already added (a decode step's folded table)
+                if len(stored) == 4:  # stored with the heads axis already added (a decode step's folded table)
                     for axis in (-3, -2):
-                        if const.shape[axis] == 1:
+                        if stored[axis] == 1:
                             squeezed = self._call("squeeze", term, str(axis))
                             cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, str(axis))})")
                             cmds.append(f"({self.n['halves_repeat']} {squeezed})")

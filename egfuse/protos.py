@@ -5,7 +5,9 @@ copy of it costs its full size in memory (an LLM's weights are most of a machine
 Such a model is split once into a *skeleton* (the whole graph, its small tensors inline) and one file
 holding its large tensors, which the skeleton's initializers reference as external data. Every stage runs on
 the skeleton; onnxruntime maps that one file for every validation session instead of holding a copy per
-session; the data is put back only into the model handed back to the caller."""
+session; the data is put back only into the model handed back to the caller. A model read from a path whose
+weights are already in files is its own skeleton (:meth:`DetachedWeights.kept_in`): nothing is copied, and
+its weights are read only to be streamed into the result's file."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ onnxruntime session then hold a skeleton, and onnxruntime maps the weights from 
 weights were copied by each stage and each session: 5.4 GB at the peak for a 0.75 GB model, 2.7 GB detached
 (``experiments/bench_memory.py``)."""
 
-_SMALL_TENSOR = 1 << 16
+SMALL_TENSOR = 1 << 16
 """A skeleton keeps the data of tensors below this inline: shape constants, scales, masks, RoPE tables — what
 the stages read to reason about the graph."""
 
@@ -39,9 +41,10 @@ _ALIGNMENT = 1 << 16
 Linux, 64 KiB on Windows); elsewhere it reads a private copy."""
 
 
-def tensor_bytes(tensor: onnx.TensorProto) -> int:
-    """The size of a tensor's data, from its dims (reading ``raw_data`` would copy it)."""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+def tensor_bytes(tensor: onnx.TensorProto, *, external_too: bool = False) -> int:
+    """The size of a tensor's data held in the proto (or, ``external_too``, in a file), from its dims (reading
+    ``raw_data`` would copy it)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and not external_too:
         return 0
     try:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
@@ -65,6 +68,22 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
             yield value
 
 
+def external_bytes(model: onnx.ModelProto) -> int:
+    """The size of the main graph's initializers stored in files, from their dims."""
+    stored = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    return sum(tensor_bytes(t, external_too=True) for t in stored)
+
+
+def read_inline(tensor: onnx.TensorProto, folder: Path) -> None:
+    """Put the bytes of ``tensor``, stored in a file in ``folder`` (which the loader checked), inline."""
+    info = {e.key: e.value for e in tensor.external_data}
+    with open(folder / info["location"], "rb") as data:
+        data.seek(int(info.get("offset") or 0))
+        tensor.raw_data = data.read(int(info["length"])) if info.get("length") else data.read()
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+
+
 def is_large(model: onnx.ModelProto) -> bool:
     return weight_bytes(model) > LARGE_BYTES
 
@@ -74,7 +93,7 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def _detachable(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_type != onnx.TensorProto.STRING and tensor_bytes(tensor) >= _SMALL_TENSOR
+    return tensor.data_type != onnx.TensorProto.STRING and tensor_bytes(tensor) >= SMALL_TENSOR
 
 
 class DetachedWeights:
@@ -88,15 +107,25 @@ class DetachedWeights:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="egfuse-weights-"))
+        self.owned = True  # the folder is egfuse's: removed on close
         self.lifted = 0
         self._sources: dict[str, onnx.TensorProto] = {}  # name → the caller's tensor, to copy back from
         self.large = is_large(model)  # past protobuf's limit: saved outside, validated with one run
-        self._sessions = 0
         try:
             self.skeleton = self._split(model)
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def kept_in(cls, model: onnx.ModelProto, folder: Path) -> DetachedWeights:
+        """``model``'s large tensors as they already are: in files in the user's ``folder`` (checked by the
+        loader), which is never written to nor removed."""
+        self = cls.__new__(cls)
+        self.directory, self.owned, self.lifted, self._sources = Path(folder), False, 0, {}
+        self.large = weight_bytes(model) + external_bytes(model) > LARGE_BYTES
+        self.skeleton = model
+        return self
 
     def _split(self, model: onnx.ModelProto) -> onnx.ModelProto:
         bare = onnx.ModelProto()
@@ -138,28 +167,27 @@ class DetachedWeights:
         ir.external_data.set_base_dir(model.graph, self.directory)
         return model
 
-    def model_file(self, proto: onnx.ModelProto) -> Path:
-        """``proto`` written beside the weights file, for onnxruntime to load it from there."""
-        self._sessions += 1
-        path = self.directory / f"model{self._sessions}.onnx"
-        path.write_bytes(proto.SerializeToString())
-        return path
-
     def restore(self, proto: onnx.ModelProto) -> onnx.ModelProto:
-        """``proto`` (made from the skeleton) with the weights it references copied back inline from the
-        caller's model (a copy in C++, without the transient Python ``bytes`` reading the file would make).
-        The weights are then held twice until the caller's model is dropped (clearing its fields would not
-        help: protobuf's upb backend frees a message's memory only with the whole message)."""
+        """``proto`` (made from the skeleton) with the weights it references put back inline: copied from the
+        caller's model (in C++, without the transient Python ``bytes`` reading the file would make), or read
+        from the user's files for a model that kept them there. The weights are then held twice until the
+        caller's model is dropped (clearing its fields would not help: protobuf's upb backend frees a message's
+        memory only with the whole message)."""
         for tensor in proto.graph.initializer:
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
             source = self._sources.get(tensor.name)
-            if source is not None and tensor.data_location == onnx.TensorProto.EXTERNAL:
+            if source is not None:
                 name = tensor.name
                 tensor.CopyFrom(source)
                 tensor.name = name  # a Constant's value may carry another name, or none
+            elif not self.owned:
+                read_inline(tensor, self.directory)
         return proto
 
     def close(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.owned:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> DetachedWeights:
         return self
@@ -182,14 +210,18 @@ def _copy_fields(source, target, skip: set[str]) -> None:
             setattr(target, field.name, value)
 
 
-def save_with_external_data(model: onnx.ModelProto, path: Path, *, data_name: str | None = None) -> Path:
+def save_with_external_data(
+    model: onnx.ModelProto, path: Path, *, data_name: str | None = None, weights_folder: Path | None = None
+) -> Path:
     """Write ``model`` to ``path`` with its weights in ``data_name`` (default ``<name>.data``) beside it, without
     the in-memory copy ``onnx.save_model`` makes (onnx-ir streams each tensor to the file). Large ``Constant``
     values become initializers first: only those can live outside the file, and left inline they can push it
     past 2 GB. A model whose every tensor is tiny still gets its weights file: asked for one, a caller expects
-    to find it."""
+    to find it. Tensors ``model`` keeps in files are read from ``weights_folder``, mapped, one at a time."""
     model_ir = ir.serde.deserialize_model(model)
-    LiftConstantsToInitializersPass(size_limit=_SMALL_TENSOR // 4)(model_ir)
+    if weights_folder is not None:
+        ir.external_data.set_base_dir(model_ir.graph, weights_folder)
+    LiftConstantsToInitializersPass(size_limit=SMALL_TENSOR // 4)(model_ir)
     ir.save(
         model_ir,
         path,

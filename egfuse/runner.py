@@ -66,9 +66,9 @@ def available(providers: tuple[str, ...]) -> list[str]:
 
 
 def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = None) -> ort.InferenceSession:
-    """A plain CPU session. A model made from a large model's skeleton (``weights``) is loaded from a file
-    beside its weights, which onnxruntime maps rather than copies; a large model given whole is written to
-    such a file first."""
+    """A plain CPU session. A model made from a skeleton (``weights``) reads its large tensors from their
+    folder, which onnxruntime maps rather than copies; a large model given whole is written to such a file
+    first."""
     options = ort.SessionOptions()
     options.log_severity_level = 4  # errors come back as exceptions, into the report: none printed
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -78,16 +78,15 @@ def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = Non
     # than kept by the arena: measured on onnxscript's phi4 model, 3 GB less at the peak.
     options.enable_cpu_mem_arena = False
     if weights is not None:
-        return _session_from_file(weights.model_file(model), options)
+        options.add_session_config_entry(_WEIGHTS_FOLDER, str(weights.directory.resolve()))
+        return ort.InferenceSession(model.SerializeToString(), options, providers=available(current().providers))
     with tempfile.TemporaryDirectory(prefix="egfuse-validate-", ignore_cleanup_errors=True) as workdir:
-        return _session_from_file(protos.save_with_external_data(model, Path(workdir) / "model.onnx"), options)
-
-
-def _session_from_file(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
-    try:
+        path = protos.save_with_external_data(model, Path(workdir) / "model.onnx")
         return ort.InferenceSession(str(path), options, providers=available(current().providers))
-    finally:
-        path.unlink()  # the session has read the graph; its weights stay mapped from the data file
+
+
+_WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
+"""onnxruntime's option for a model given as bytes: the folder its external data's locations are relative to."""
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

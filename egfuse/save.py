@@ -51,10 +51,12 @@ def save_model(
     *,
     external_data: bool | None = None,
     inputs: Mapping[Path, str] | None = None,
+    weights_folder: Path | None = None,
 ) -> None:
     """Write ``model`` at ``path`` (and its weights beside it, with ``external_data``; by default only past
     protobuf's 2 GB) by the protocol above. ``inputs``: the files the model was read from, never written over
-    nor removed. Missing folders are created."""
+    nor removed. ``weights_folder``: where tensors ``model`` keeps in files are (streamed from there into the
+    new weights file, one at a time). Missing folders are created."""
     path = Path(path)
     check_outputs({"the model": path}, inputs, make_folders=True)
     if external_data is None:
@@ -66,7 +68,7 @@ def save_model(
     remove_stale_temporaries(path.parent)
     previous = _our_weights_of(path)
     data_name = _fresh_weights_name(path) if external_data else None
-    _interruptible(lambda: _write_and_publish(model, path, data_name))
+    _interruptible(lambda: _write_and_publish(model, path, data_name, weights_folder))
     for name in previous - {data_name}:
         old = path.with_name(name)
         if not any(_is(old, file) for file in inputs or ()):
@@ -115,11 +117,11 @@ def _temp_prefix(path: Path) -> str:
     return f".{path.name[:40]}{TEMP_MARK}"
 
 
-def _write_and_publish(model: onnx.ModelProto, path: Path, data_name: str | None) -> None:
+def _write_and_publish(model: onnx.ModelProto, path: Path, data_name: str | None, folder: Path | None) -> None:
     try:
         with _staging(path) as workdir:
             staged = workdir / path.name
-            _write(model, staged, data_name)
+            _write(model, staged, data_name, folder)
             if data_name:
                 _publish_pair(staged, workdir / data_name, path)
             else:
@@ -130,9 +132,9 @@ def _write_and_publish(model: onnx.ModelProto, path: Path, data_name: str | None
     _fsync(path.parent)
 
 
-def _write(model: onnx.ModelProto, staged: Path, data_name: str | None) -> None:
+def _write(model: onnx.ModelProto, staged: Path, data_name: str | None, folder: Path | None) -> None:
     if data_name:  # streamed tensor by tensor: no second copy of the weights in memory
-        protos.save_with_external_data(model, staged, data_name=data_name)
+        protos.save_with_external_data(model, staged, data_name=data_name, weights_folder=folder)
         return
     try:
         onnx.save_model(model, staged)

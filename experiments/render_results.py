@@ -163,7 +163,7 @@ def drift() -> str:
 PRODUCERS_START, PRODUCERS_END = "<!-- producers:start -->", "<!-- producers:end -->"
 PRODUCER_NAMES = {
     "keras_tf2onnx": "Keras 3 → tf2onnx", "keras_export": "Keras 3 → `model.export`", "timm": "timm",
-    "open_clip": "open_clip",
+    "open_clip": "open_clip", "diffusers": "diffusers",
 }  # fmt: skip
 
 

@@ -108,6 +108,37 @@ def test_external_data_stays_external(model, tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["fused.onnx", "fused.onnx.data"]
 
 
+def test_weights_in_files_are_never_read_whole(model, tmp_path, monkeypatch):
+    """A model whose weights are in files is its own skeleton: the loader reads only small tensors, validation
+    maps the user's file, and saving streams the weights from it into the new file — no stage puts a large
+    tensor's bytes into a proto (``protos.read_inline``, which only ``result.model`` calls). The user's files
+    are left as they were."""
+    src = tmp_path / "in.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save(copy, src, save_as_external_data=True, location="in.onnx.data", size_threshold=0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(protos, "SMALL_TENSOR", 256)
+    real_read_inline = protos.read_inline
+    read: list[str] = []
+
+    def spy(tensor: onnx.TensorProto, folder):
+        read.append(tensor.name)
+        real_read_inline(tensor, folder)
+
+    monkeypatch.setattr(protos, "read_inline", spy)
+    result = egfuse.fuse(src)
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    out = tmp_path / "out" / "fused.onnx"
+    result.save(out)
+    assert read == []
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert_same_outputs(model, onnx.load(out), feeds_for(model))
+    assert_same_outputs(model, result.model, feeds_for(model))  # inline on first use
+    large = [t.name for t in model.graph.initializer if protos.tensor_bytes(t) >= 256]
+    assert large and set(read) >= set(large)
+
+
 @pytest.mark.parametrize("target", fast_on("ort"))  # one path whatever the target; ort shares test_hf_exports' fusion
 def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     """A model over 2 GB cannot be serialized: every stage then runs on a skeleton whose large tensors live in
@@ -119,7 +150,7 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     expected = fused_export(path.name, target)  # the same fusion, before the path is forced
     monkeypatch.setattr(protos, "LARGE_BYTES", -1)
     monkeypatch.setattr(protos, "DETACH_BYTES", -1)
-    monkeypatch.setattr(protos, "_SMALL_TENSOR", 16)
+    monkeypatch.setattr(protos, "SMALL_TENSOR", 16)
     original = onnx.load(path)
     assert protos.is_large(original)
     with protos.DetachedWeights(original) as weights:
@@ -129,7 +160,7 @@ def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     result = egfuse.fuse(path, target=target, feeds=feeds)
     assert result.report.validated is True and result.report.fused == expected.report.fused == 2, str(result.report)
 
-    # the same computation; Constant values past _SMALL_TENSOR became initializers
+    # the same computation; Constant values past SMALL_TENSOR became initializers
     def computation(model: onnx.ModelProto) -> list:
         return [(n.op_type, list(n.input)) for n in model.graph.node if n.op_type != "Constant"]
 
@@ -152,7 +183,7 @@ def test_large_constant_values_become_initializers(model, target, monkeypatch):
     feeds = feeds_for(model)
     monkeypatch.setattr(protos, "LARGE_BYTES", 1000)
     monkeypatch.setattr(protos, "DETACH_BYTES", 1000)
-    monkeypatch.setattr(protos, "_SMALL_TENSOR", 256)
+    monkeypatch.setattr(protos, "SMALL_TENSOR", 256)
     assert protos.is_large(model)
     result = egfuse.fuse(model, target=target, feeds=feeds)
     assert result.report.validated is True and result.report.fused == 1, str(result.report)
@@ -173,7 +204,7 @@ def test_mid_size_models_keep_weights_apart_and_are_validated_in_full(monkeypatc
 
     model = attention_model(Variant(heads=2, dtype="float16", k_layout="transpose_0132"))
     monkeypatch.setattr(protos, "DETACH_BYTES", 1000)
-    monkeypatch.setattr(protos, "_SMALL_TENSOR", 256)
+    monkeypatch.setattr(protos, "SMALL_TENSOR", 256)
     detached, mask_sets, references = [], [], []
     original_detached, original_sets = protos.DetachedWeights.__init__, inputs.mask_feed_sets
     original_references = judge.validate.references
