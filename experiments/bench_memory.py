@@ -8,6 +8,8 @@ a child process, with and without validation, and its peak resident memory is re
 about 0.3 GB before it reads anything; that is counted.
 
     python experiments/bench_memory.py            # ~1.5 min on 2 cores, 8 GB of disk in the temp dir
+    python experiments/bench_memory.py --decoder-7b   # adds a 7B-shaped float16 decoder (big_decoder.py):
+                                                      # ~15 min, 28 GB of disk; its rows are kept by later runs
 
 Writes results/memory.json (``runs``: weights_gb, validate, peak_gb, peak_over_weights_gb) and
 results/memory.md.
@@ -67,11 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         "--heads", type=int, nargs="+", default=[32, 64, 106], help="widths: heads of 128 (0.19, 0.75, 2.06 GB)"
     )
     parser.add_argument("--build-one", nargs=2, metavar=("PATH", "HEADS"), help=argparse.SUPPRESS)
+    parser.add_argument("--decoder-7b", action="store_true", help="measure only the 7B-shaped float16 decoder")
     args = parser.parse_args(argv)
     if args.build_one:
         _build_one(Path(args.build_one[0]), int(args.build_one[1]))
         return 0
-    runs = []
+    previous = json.loads((RESULTS / "memory.json").read_text()) if (RESULTS / "memory.json").exists() else {}
+    if args.decoder_7b:
+        runs = [r for r in previous.get("runs", []) if r.get("model", "block") == "block"] + _decoder_runs()
+        baseline = previous.get("interpreter_gb", 0.0)
+        return _write(runs, baseline)
+    runs = [r for r in previous.get("runs", []) if r.get("model", "block") != "block"]
     baseline, _, _ = peak([sys.executable, "-c", "import egfuse, egglog, onnxruntime, onnx_ir"])
     with tempfile.TemporaryDirectory(prefix="egfuse-bench-memory-") as name:
         folder = Path(name)
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
                 runs.append(
                     {
+                        "model": "block",
                         "heads": heads,
                         "weights_gb": round(weights, 3),
                         "validate": validate,
@@ -98,6 +107,52 @@ def main(argv: list[str] | None = None) -> int:
                     leftover.unlink()
             for leftover in folder.glob(f"{model.name}*"):
                 leftover.unlink()
+    return _write(sorted(runs, key=lambda r: r["weights_gb"]), baseline)
+
+
+def _decoder_runs() -> list[dict]:
+    """``egfuse optimize`` on a 7B-shaped float16 Llama decoder written straight to disk, validated and not."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="egfuse-bench-memory-") as name:
+        model = Path(name) / "decoder_7b.onnx"
+        subprocess.run([sys.executable, str(HERE / "big_decoder.py"), str(model)], check=True)
+        weights = (model.parent / f"{model.name}.data").stat().st_size / GB
+        for validate in (True, False):
+            out = model.parent / "fused.onnx"
+            cli = [
+                sys.executable,
+                "-m",
+                "egfuse",
+                "optimize",
+                str(model),
+                "-o",
+                str(out),
+                "--report",
+                str(out) + ".json",
+            ]
+            gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
+            report = json.loads(Path(str(out) + ".json").read_text())
+            runs.append(
+                {
+                    "model": "llama-7b-float16",
+                    "weights_gb": round(weights, 3),
+                    "validate": validate,
+                    "exit": code,
+                    "fused": report.get("fused"),
+                    "validated": report.get("validated"),
+                    "peak_gb": round(gb, 3),
+                    "peak_over_weights_gb": round(gb - weights, 3),
+                    "peak_per_weight": round(gb / weights, 2),
+                    "seconds": round(seconds, 1),
+                }
+            )
+            print(runs[-1], flush=True)
+            for leftover in model.parent.glob("fused.onnx*"):
+                leftover.unlink()
+    return runs
+
+
+def _write(runs: list[dict], baseline: float) -> int:
     summary = {"interpreter_gb": round(baseline, 3), "runs": runs, "command": "python experiments/bench_memory.py"}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "memory.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -106,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"`{summary['command']}`; an interpreter with egfuse's imports holds {baseline:.2f} GB before reading.",
         "",
-        "| weights (GB) | validation | peak (GB) | peak − weights (GB) | peak / weights | seconds |",
-        "|---|---|---|---|---|---|",
+        "| model | weights (GB) | validation | peak (GB) | peak − weights (GB) | peak / weights | seconds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
+        model = "one attention block" if r.get("model", "block") == "block" else r["model"]
+        if "fused" in r:
+            model += f" (attention fused {r['fused']}, validated {r['validated']})"
         lines.append(
-            f"| {r['weights_gb']:.2f} | {'on' if r['validate'] else 'off'} | {r['peak_gb']:.2f} | "
+            f"| {model} | {r['weights_gb']:.2f} | {'on' if r['validate'] else 'off'} | {r['peak_gb']:.2f} | "
             f"{r['peak_over_weights_gb']:.2f} | {r['peak_per_weight']:.2f} | {r['seconds']} |"
         )
     (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
