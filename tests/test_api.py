@@ -139,6 +139,29 @@ def test_weights_in_files_are_never_read_whole(model, tmp_path, monkeypatch):
     assert large and set(read) >= set(large)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "export", ["llama_past_eager.dynamo.onnx", "drift/2024-09/bert_eager.dynamo.onnx", "gemma2_eager.dynamo.onnx"]
+)
+def test_weights_in_files_fuse_as_inline_weights_do(export, tmp_path, monkeypatch):
+    """The same regions fused and validated whether a model's weights are inline or in a file the stages never
+    read whole — a KV cache, local functions inlined (torch 2.4), a decoder with soft-capping — and the saved
+    result computes what the original does."""
+    path = DATA / export
+    inline = egfuse.fuse(path)
+    model = onnx.load(path)
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    monkeypatch.setattr(protos, "SMALL_TENSOR", 256)  # tiny exports: most of their weights stay in the file
+    kept = egfuse.fuse(tmp_path / "m.onnx")
+    assert [(r.status, r.fused_into) for r in kept.report.regions] == [
+        (r.status, r.fused_into) for r in inline.report.regions
+    ]
+    assert kept.report.validated is inline.report.validated is True, str(kept.report)
+    kept.save(tmp_path / "out.onnx")
+    feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
+    assert_same_outputs(onnx.load(path), onnx.load(tmp_path / "out.onnx"), feeds)
+
+
 @pytest.mark.parametrize("target", fast_on("ort"))  # one path whatever the target; ort shares test_hf_exports' fusion
 def test_models_past_protobufs_limit_take_the_same_path(target, monkeypatch):
     """A model over 2 GB cannot be serialized: every stage then runs on a skeleton whose large tensors live in
