@@ -7,6 +7,7 @@ the fused model loads and matches within compare.TOLERANCE. Exports that failed 
     python experiments/drift_coverage.py                                  # every complete stack, every tool
     python experiments/drift_coverage.py --tools egfuse:ort egfuse:onnx --stacks 2023-12 2024-06
     python experiments/drift_coverage.py --name drift_coverage_before      # results under another name
+    python experiments/drift_coverage.py --stacks 2025-11 --only t5_eager --merge   # re-measure some exports
 
 Writes results/<name>.json (rows with per-model reasons) and results/<name>.md (the table).
 """
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="workers at once (each its own process)")
     parser.add_argument("--name", default="drift_coverage", help="results file name (without extension)")
     parser.add_argument("--merge", action="store_true", help="keep the other stacks' and tools' rows of <name>.json")
+    parser.add_argument("--only", nargs="*", help="model names to measure (with --merge: only their rows are replaced)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     jobs, failed, versions = [], [], {}
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             if broken:  # no tool can be asked to keep the meaning of a model onnxruntime cannot run
                 entry = {**entry, "error": f"the export does not run on onnxruntime: {broken}"}
                 failed.append({"stack": stack_dir.name, **{k: entry[k] for k in ("name", "exporter", "error")}})
-            elif entry["file"]:
+            elif entry["file"] and (not args.only or entry["name"] in args.only):
                 jobs += [(entry, tool, stack_dir, manifest["hidden"]) for tool in args.tools]
             else:
                 failed.append({"stack": stack_dir.name, **{k: entry[k] for k in ("name", "exporter", "error")}})
@@ -151,9 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     old_path = compare.RESULTS / f"{args.name}.json"
     if args.merge and old_path.exists():  # a stack or tool measured now replaces its old rows, others are kept
         old = json.loads(old_path.read_text())
-        fresh = {(r["stack"], r["tool"]) for r in rows}
-        kept = [r for r in old["rows"] if (r["stack"], r["tool"]) not in fresh]
-        failed = [f for f in old["failed_exports"] if f["stack"] not in versions] + failed
+        if args.only:  # only the measured exports' rows are replaced; the stacks' failed exports stay as they were
+            fresh = {(r["stack"], r["file"], r["tool"]) for r in rows}
+            kept = [r for r in old["rows"] if (r["stack"], r["file"], r["tool"]) not in fresh]
+            failed = old["failed_exports"]
+        else:
+            fresh = {(r["stack"], r["tool"]) for r in rows}
+            kept = [r for r in old["rows"] if (r["stack"], r["tool"]) not in fresh]
+            failed = [f for f in old["failed_exports"] if f["stack"] not in versions] + failed
         for r in kept:  # rows measured before the originals were checked
             broken = _original_fails(ROOT / r["file"])
             if broken and not any((f["stack"], f["name"], f["exporter"]) == (r["stack"], r["model"], r["exporter"])
