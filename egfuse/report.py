@@ -106,10 +106,16 @@ class Report:
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=float)
 
+    def _distinct(self) -> str:
+        """How many of the regions differ (the rest repeat one up to value names: the layers of a model)."""
+        distinct = self.stats.get("distinct_regions")
+        return f" ({distinct} distinct)" if distinct and distinct < len(self.regions) else ""
+
     def __str__(self) -> str:
         lines = [
             f"egfuse {self.egfuse_version}: {self.source} → target {self.target}",
-            f"  attention fused: {self.fused}/{len(self.regions)}   nodes: {self.nodes_before} → {self.nodes_after}",
+            f"  attention fused: {self.fused}/{len(self.regions)}{self._distinct()}   "
+            f"nodes: {self.nodes_before} → {self.nodes_after}",
         ]
         written = self.fused_ops()
         if written:

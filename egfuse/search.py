@@ -123,6 +123,9 @@ def fuse_once(
     # Each region lowered alone now, before any is rewritten: its certificate is saturated once it is fused.
     certifier = Certifier(facts, default_opset(prepared), ruleset, budgets.max_iterations)
     alone = {r.index: certifier.lower(r) for r in regions if r.main_output in class_of}
+    # Regions that lower alone to the same commands are one region up to value names (same ops, attributes,
+    # constants and shapes): the layers of a model. Their certificate is saturated once.
+    report.stats["distinct_regions"] = len(set(alone.values()))
     shapes = class_shapes(classes, lowerer.table, facts)
     cost_model = CostModel(target, shapes, _float_types(r.main_output for r in regions))
     choice = extract(classes, cost_model)

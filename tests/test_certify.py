@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
@@ -21,7 +22,7 @@ from egfuse.prepare import infer_shapes
 from egfuse.regions import find_regions
 from egfuse.testing import Variant, attention_model, feeds_for
 
-from .conftest import assert_same_outputs
+from .conftest import assert_same_outputs, fused_export
 
 DATA = Path(__file__).parent / "data"
 SCALED_Q = Variant(heads=2, k_layout="transpose_0132", scale="q_mul", causal="trilu")
@@ -88,3 +89,21 @@ def test_explain_prints_a_regions_proof(tmp_path, capsys):
     assert "algebraic proof" in text and "commute." in text and "attention." in text
     assert main(["explain", str(rep), "7"]) == 1
     assert "no region '7'" in capsys.readouterr().err
+
+
+def test_repeated_layers_are_counted_once():
+    """Whisper's two encoder layers lower alone to the same terms: one distinct region, one certificate for
+    both, and the report says so; BART's layers differ (the first computes the masks the others share)."""
+    whisper = fused_export("whisper_encoder_eager.dynamo.onnx", "ort")
+    assert whisper.report.fused == 2 and whisper.report.stats["distinct_regions"] == 1
+    assert "attention fused: 2/2 (1 distinct)" in str(whisper.report)
+    first, second = (r.certificate for r in whisper.report.regions)
+    assert first == second
+    assert_same_outputs(
+        onnx.load(DATA / "whisper_encoder_eager.dynamo.onnx"),
+        whisper.model,
+        dict(np.load(DATA / "whisper_encoder_eager.dynamo.feeds.npz")),
+    )
+    bart = egfuse.fuse(DATA / "bart_sdpa.dynamo.onnx", validate=False)
+    assert bart.report.stats["distinct_regions"] == len(bart.report.regions) == 6
+    assert "distinct" not in str(bart.report).splitlines()[1]
