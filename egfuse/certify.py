@@ -30,6 +30,8 @@ class Certificate:
     """How the region's output class came to hold ``form``: rule applications per saturation iteration."""
 
     form: str
+    through: tuple[str, ...]
+    """The ops between the form and the region's output in the written program, outermost first."""
     reached_at: int | None
     """The iteration after which ``form`` was in the class (1-based); None: not within the iteration budget."""
     steps: list[dict[str, int]] = field(default_factory=list)
@@ -43,7 +45,8 @@ class Certificate:
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
     def to_json(self) -> dict:
-        return {"form": self.form, "reached_at": self.reached_at, "steps": self.steps, "rules": self.totals()}
+        return {"form": self.form, "through": list(self.through), "reached_at": self.reached_at, "steps": self.steps,
+                "rules": self.totals()}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,26 @@ class Certifier:
         lowerer.lower(region)
         return LoweredRegion(tuple(lowerer.table.commands), lowerer.table.id_of(region.main_output))
 
-    def certify(self, lowered: LoweredRegion, form: str) -> Certificate:
-        key = (lowered, form)
+    def certify(self, lowered: LoweredRegion, form: str, through: tuple[tuple[str, int], ...] = ()) -> Certificate:
+        """``through``: the ops the extracted program applies to the form's result on the way to the region's
+        output, outermost first, each with the argument the form's side takes (a (B, N, S, H) ``attend`` is
+        ``merge_heads(transpose(attend(…)))`` of a (B, S, D) output): the class must hold that term."""
+        key = (lowered, form, through)
         if key not in self._done:
-            self._done[key] = self._saturate(lowered, form)
+            self._done[key] = self._saturate(lowered, form, through)
         return self._done[key]
 
-    def _saturate(self, lowered: LoweredRegion, form: str) -> Certificate:
+    def _saturate(self, lowered: LoweredRegion, form: str, through: tuple[tuple[str, int], ...]) -> Certificate:
         session = Session()
         session.add(list(lowered.commands))
         pattern = f"({session.names[form]} {' '.join(f'x{i}' for i in range(len(fields(form))))})"
+        for depth, (op, position) in enumerate(reversed(through)):
+            args = [f"y{depth}_{i}" for i in range(len(fields(op)))]
+            args[position] = pattern
+            pattern = f"({session.names[op]} {' '.join(args)})"
         member = f"(= ({session.names['ref']} {lowered.output}) {pattern})"
         limit = session.size() * 8 + 1000
-        certificate = Certificate(form, None)
+        certificate = Certificate(form, tuple(op for op, _ in through), None)
         for iteration in range(1, self.max_iterations + 1):
             stats = session.run(self.ruleset, max_iterations=1, max_enodes=limit, max_seconds=30.0)
             certificate.steps.append({name: n for name, n in sorted(stats.rule_matches.items()) if n})

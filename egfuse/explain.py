@@ -72,11 +72,14 @@ def _algebraic(region: dict) -> list[str]:
     if not certificate:
         return ["algebraic proof: no certificate in this report"]
     steps = certificate["steps"]
+    term = certificate["form"]
+    for op in reversed(certificate.get("through", [])):  # the layout ops the written program puts around it
+        term = f"{op}({term})"
     if certificate.get("reached_at") is None:
-        head = (f"algebraic proof: {certificate['form']} did not join the output's class when the region was "
+        head = (f"algebraic proof: {term} did not join the output's class when the region was "
                 f"saturated alone ({len(steps)} iterations): the model-wide e-graph reached it")  # fmt: skip
     else:
-        head = (f"algebraic proof: {certificate['form']} joined the class of the region's output after "
+        head = (f"algebraic proof: {term} joined the class of the region's output after "
                 f"{certificate['reached_at']} iteration(s) of the target's rules (rule: matches; a match is not "
                 "always a use, so this lists at least the rewrites that were needed):")  # fmt: skip
     lines = [head]

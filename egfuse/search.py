@@ -30,7 +30,7 @@ from egfuse.regions import find_regions
 from egfuse.report import WRITTEN_NOTE, RegionReport, Report
 from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
-from egfuse.session import EClass, Session
+from egfuse.session import EClass, ENode, Session
 from egfuse.shape_reads import rewrite_dead_shape_reads
 from egfuse.shapes import class_shapes
 from egfuse.targets.spec import FUSED, LAYER_OPS, RESIDUAL_NORMS, TargetSpec
@@ -208,7 +208,8 @@ def fuse_once(
             replace_output(graph, old, new, fresh=new in emitter.created)
         entry.status = "fused"
         t_certify = time.perf_counter()
-        entry.certificate = certifier.certify(alone[region.index], entry.form).to_json()
+        through = _path_to_form(main, fused_ops[0], region_choice)
+        entry.certificate = certifier.certify(alone[region.index], entry.form, through).to_json()
         seconds_certify += time.perf_counter() - t_certify
         written = [target.op_for(op.op) for op in fused_ops]
         entry.fused_into = written[0].label
@@ -276,6 +277,26 @@ def _float_types(values) -> frozenset[str]:
     """The floating-point element types (numpy names) of ``values``: what a fused op needs a kernel for."""
     types = (v.dtype for v in values if v.dtype is not None and v.dtype.is_floating_point())
     return frozenset(np.dtype(t.numpy()).name for t in types)
+
+
+def _path_to_form(cid: EClass, form: ENode, choice: dict) -> tuple[tuple[str, int], ...]:
+    """The ops the program extracted for ``cid`` applies to ``form``'s result, outermost first, each with the
+    argument position it reads it at (empty where ``cid``'s own node is the form)."""
+    path: list[tuple[str, int]] = []
+    seen: set[EClass] = set()
+    while cid in choice and cid not in seen and choice[cid].node is not form:
+        seen.add(cid)
+        node = choice[cid].node
+        below = [i for i, arg in enumerate(node.args) if isinstance(arg, EClass) and _reaches(arg, form, choice)]
+        if not below:
+            return ()
+        path.append((node.op, below[0]))
+        cid = node.args[below[0]]
+    return tuple(path)
+
+
+def _reaches(cid: EClass, form: ENode, choice: dict) -> bool:
+    return any(node is form for node in fused_nodes(cid, choice)) or (cid in choice and choice[cid].node is form)
 
 
 def fused_nodes(cid: EClass, choice: dict) -> list:

@@ -17,6 +17,7 @@ from egglog import unstable_combine_rulesets
 import egfuse
 from egfuse.certify import Certifier
 from egfuse.cli import main
+from egfuse.explain import explain
 from egfuse.facts import GraphFacts
 from egfuse.prepare import infer_shapes
 from egfuse.regions import find_regions
@@ -98,7 +99,7 @@ def test_repeated_layers_are_counted_once():
     assert whisper.report.fused == 2 and whisper.report.stats["distinct_regions"] == 1
     assert "attention fused: 2/2 (1 distinct)" in str(whisper.report)
     first, second = (r.certificate for r in whisper.report.regions)
-    assert first == second
+    assert first == second and first["reached_at"] is not None
     assert_same_outputs(
         onnx.load(DATA / "whisper_encoder_eager.dynamo.onnx"),
         whisper.model,
@@ -107,3 +108,19 @@ def test_repeated_layers_are_counted_once():
     bart = egfuse.fuse(DATA / "bart_sdpa.dynamo.onnx", validate=False)
     assert bart.report.stats["distinct_regions"] == len(bart.report.regions) == 6
     assert "distinct" not in str(bart.report).splitlines()[1]
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+@pytest.mark.parametrize("export", ["bert_eager.dynamo.onnx", "vit_sdpa.torchscript.onnx", "llama_eager.dynamo.onnx"])
+def test_every_fused_region_of_an_export_is_certified(export, target):
+    """Saturated alone, each fused region's output class comes to hold the written program: the form, inside
+    the layout ops the program puts around it (a (B, N, S, H) ``attend`` is ``merge_heads(transpose(attend))``
+    of a (B, S, D) output) — a certificate that only looked for the form itself in the output's class missed
+    every such region."""
+    result = fused_export(export, target)
+    fused = [r for r in result.report.regions if r.status == "fused"]
+    assert fused, str(result.report)
+    for region in fused:
+        assert region.certificate["reached_at"] is not None, (region.name, region.certificate)
+        text = explain(result.report.to_dict(), str(region.index))
+        assert region.certificate["form"] in text and "joined the class of the region's output" in text
