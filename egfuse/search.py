@@ -287,11 +287,12 @@ def _path_to_form(cid: EClass, form: ENode, choice: dict) -> tuple[tuple[str, in
     while cid in choice and cid not in seen and choice[cid].node is not form:
         seen.add(cid)
         node = choice[cid].node
-        below = [i for i, arg in enumerate(node.args) if isinstance(arg, EClass) and _reaches(arg, form, choice)]
+        args = list(view(node))  # in the constructor's order: the certifier's pattern takes the same positions
+        below = [i for i, arg in enumerate(args) if isinstance(arg, EClass) and _reaches(arg, form, choice)]
         if not below:
             return ()
         path.append((node.op, below[0]))
-        cid = node.args[below[0]]
+        cid = args[below[0]]
     return tuple(path)
 
 
