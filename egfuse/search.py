@@ -297,7 +297,7 @@ def _path_to_form(cid: EClass, form: ENode, choice: dict) -> tuple[tuple[str, in
 
 
 def _reaches(cid: EClass, form: ENode, choice: dict) -> bool:
-    return any(node is form for node in fused_nodes(cid, choice)) or (cid in choice and choice[cid].node is form)
+    return any(node is form for node in fused_nodes(cid, choice))  # (``cid``'s own node is among them)
 
 
 def fused_nodes(cid: EClass, choice: dict) -> list:

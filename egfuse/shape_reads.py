@@ -47,7 +47,8 @@ def _has_subgraph(node: ir.Node) -> bool:
 
 
 def _is_shape_read(node: ir.Node) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type == "Shape" and bool(node.inputs) and node.inputs[0]
+    is_shape = node.domain in ("", "ai.onnx") and node.op_type == "Shape"
+    return is_shape and bool(node.inputs) and node.inputs[0] is not None
 
 
 def _live_ignoring_shape_reads(graph: ir.Graph) -> set[ir.Node]:
