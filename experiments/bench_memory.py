@@ -85,26 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(name)
         for heads in args.heads:
             model, weights = build(folder, heads)
-            for validate in (True, False):
-                out = folder / "fused.onnx"
-                cli = [sys.executable, "-m", "egfuse", "optimize", str(model), "-o", str(out), "-q"]
-                gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
-                runs.append(
-                    {
-                        "model": "block",
-                        "heads": heads,
-                        "weights_gb": round(weights, 3),
-                        "validate": validate,
-                        "exit": code,
-                        "peak_gb": round(gb, 3),
-                        "peak_over_weights_gb": round(gb - weights, 3),
-                        "peak_per_weight": round(gb / weights, 2),
-                        "seconds": round(seconds, 1),
-                    }
-                )
-                print(runs[-1], flush=True)
-                for leftover in folder.glob("fused.onnx*"):
-                    leftover.unlink()
+            runs += _runs(model, weights, {"model": "block", "heads": heads})
             for leftover in folder.glob(f"{model.name}*"):
                 leftover.unlink()
     return _write(sorted(runs, key=lambda r: r["weights_gb"]), baseline)
@@ -112,43 +93,36 @@ def main(argv: list[str] | None = None) -> int:
 
 def _decoder_runs() -> list[dict]:
     """``egfuse optimize`` on a 7B-shaped float16 Llama decoder written straight to disk, validated and not."""
-    runs = []
     with tempfile.TemporaryDirectory(prefix="egfuse-bench-memory-") as name:
         model = Path(name) / "decoder_7b.onnx"
         subprocess.run([sys.executable, str(HERE / "big_decoder.py"), str(model)], check=True)
         weights = (model.parent / f"{model.name}.data").stat().st_size / GB
-        for validate in (True, False):
-            out = model.parent / "fused.onnx"
-            cli = [
-                sys.executable,
-                "-m",
-                "egfuse",
-                "optimize",
-                str(model),
-                "-o",
-                str(out),
-                "--report",
-                str(out) + ".json",
-            ]
-            gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
-            report = json.loads(Path(str(out) + ".json").read_text())
-            runs.append(
-                {
-                    "model": "llama-7b-float16",
-                    "weights_gb": round(weights, 3),
-                    "validate": validate,
-                    "exit": code,
-                    "fused": report.get("fused"),
-                    "validated": report.get("validated"),
-                    "peak_gb": round(gb, 3),
-                    "peak_over_weights_gb": round(gb - weights, 3),
-                    "peak_per_weight": round(gb / weights, 2),
-                    "seconds": round(seconds, 1),
-                }
-            )
-            print(runs[-1], flush=True)
-            for leftover in model.parent.glob("fused.onnx*"):
-                leftover.unlink()
+        return _runs(model, weights, {"model": "llama-7b-float16"}, with_report=True)
+
+
+def _runs(model: Path, weights: float, label: dict, with_report: bool = False) -> list[dict]:
+    """``egfuse optimize`` on ``model`` in a child process, validated and not: one row each (with the report's
+    fused and validated counts where asked), the outputs removed after."""
+    runs = []
+    out, report_path = model.parent / "fused.onnx", model.parent / "fused.onnx.json"
+    for validate in (True, False):
+        cli = [sys.executable, "-m", "egfuse", "optimize", str(model), "-o", str(out), "-q"]
+        cli += ["--report", str(report_path)] if with_report else []
+        gb, code, seconds = peak(cli + ([] if validate else ["--no-validate"]))
+        row = {**label, "weights_gb": round(weights, 3), "validate": validate, "exit": code}
+        if with_report:
+            report = json.loads(report_path.read_text())
+            row |= {"fused": report.get("fused"), "validated": report.get("validated")}
+        row |= {
+            "peak_gb": round(gb, 3),
+            "peak_over_weights_gb": round(gb - weights, 3),
+            "peak_per_weight": round(gb / weights, 2),
+            "seconds": round(seconds, 1),
+        }
+        runs.append(row)
+        print(row, flush=True)
+        for leftover in model.parent.glob("fused.onnx*"):
+            leftover.unlink()
     return runs
 
 
