@@ -87,11 +87,15 @@ _CHUNK_ELEMENTS = 1 << 22
 """Rows read at a time when summarising a stored tensor: its temporaries stay a few MB whatever its size."""
 
 
-def summarize(array: np.ndarray) -> Summary | None:
-    """``array``'s :class:`Summary` (None for a non-numeric one), read in chunks of rows: a weight mapped from a
-    file is never copied whole (``np.abs`` of a 2 GB projection would be another 2 GB)."""
+_NON_NUMERIC = Summary(finite=False, finite_bound=None, bound=None, halves_repeat=False)
+"""A string or other non-numeric constant: nothing is known of its values."""
+
+
+def summarize(array: np.ndarray) -> Summary:
+    """``array``'s :class:`Summary`, read in chunks of rows: a weight mapped from a file is never copied whole
+    (``np.abs`` of a 2 GB projection would be another 2 GB)."""
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == ml_dtypes.bfloat16):
-        return None
+        return _NON_NUMERIC
     rows = array.reshape(-1, array.shape[-1]) if array.ndim >= 1 and array.size else array.reshape(1, -1)
     half = rows.shape[1] // 2 if rows.shape[1] % 2 == 0 and rows.shape[1] > 0 else 0
     step = max(1, _CHUNK_ELEMENTS // max(1, rows.shape[1]))
@@ -192,8 +196,9 @@ class GraphFacts:
         return self.const(value)
 
     def summary(self, value: ir.Value | None) -> Summary | None:
-        """The :class:`Summary` of a stored constant's values (None where ``value`` is none), read once; a
-        weight mapped from its file is unmapped again after (the validation sessions map it themselves)."""
+        """The :class:`Summary` of a stored constant's values (None where ``value`` is no stored or computed
+        constant), read once; a weight mapped from its file is unmapped again after (the validation sessions map
+        it themselves)."""
         if value is None:
             return None
         if value not in self._summaries:
@@ -228,9 +233,9 @@ class GraphFacts:
         return value is not None and _memoized(self._finite, value, False, self._is_finite)
 
     def _is_finite(self, value: ir.Value) -> bool:
-        if self.weight(value) is not None:  # bfloat16 too: ml_dtypes gives it isfinite, though it is no np.number
-            summary = self.summary(value)
-            return summary is not None and summary.finite
+        summary = self.summary(value)  # bfloat16 too: ml_dtypes gives it isfinite, though it is no np.number
+        if summary is not None:
+            return summary.finite
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx"):
             return False
@@ -265,9 +270,9 @@ class GraphFacts:
         if dtype is not None and dtype.is_integer():
             info = np.iinfo(dtype.numpy())
             return float(max(abs(int(info.min)), int(info.max)))
-        if self.weight(value) is not None:
-            summary = self.summary(value)
-            return None if summary is None else summary.bound
+        summary = self.summary(value)
+        if summary is not None:
+            return summary.bound
         node = value.producer()
         if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
@@ -295,13 +300,12 @@ class GraphFacts:
 
     def _finite_bound(self, value: ir.Value) -> float | None:
         node = value.producer()
-        if self.weight(value) is not None:
-            summary = self.summary(value)
-            return None if summary is None else summary.finite_bound
+        summary = self.summary(value)
+        if summary is not None:
+            return summary.finite_bound
         if node is not None and node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
             fill = attr(node, "value")
-            summary = summarize(fill.numpy() if fill is not None else np.zeros(1, np.float32))
-            return None if summary is None else summary.finite_bound
+            return summarize(fill.numpy() if fill is not None else np.zeros(1, np.float32)).finite_bound
         if node is None or node.domain not in ("", "ai.onnx") or not node.inputs:
             return None
         op, inputs = node.op_type, node.inputs
