@@ -55,9 +55,7 @@ class FuseResult:
         """The fused model, its weights inline. A model whose weights stayed in their files while egfuse worked
         reads them here, once: :meth:`save` does not need to (it streams them into the new weights file)."""
         if self._weights_folder is not None:
-            for tensor in self._model.graph.initializer:
-                if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                    protos.read_inline(tensor, self._weights_folder)
+            protos.DetachedWeights.kept_in(self._model, self._weights_folder).restore(self._model)
             self._weights_folder = None
         return self._model
 
