@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import egglog
+import onnx_ir as ir
 
 from egfuse.enodes import fields
 from egfuse.facts import GraphFacts
@@ -55,6 +56,8 @@ class LoweredRegion:
 
     commands: tuple[str, ...]
     output: int
+    values: tuple[ir.Value, ...] = field(default=(), compare=False, hash=False)
+    """The graph values by id (not part of equality: equal lowerings of two layers hold different values)."""
 
 
 class Certifier:
@@ -70,7 +73,8 @@ class Certifier:
         names = _names()
         lowerer = Lowerer(self.facts, names, self.opset)
         lowerer.lower(region)
-        return LoweredRegion(tuple(lowerer.table.commands), lowerer.table.id_of(region.main_output))
+        output = lowerer.table.id_of(region.main_output)
+        return LoweredRegion(tuple(lowerer.table.commands), output, tuple(lowerer.table.values))
 
     def certify(self, lowered: LoweredRegion, form: str, through: tuple[tuple[str, int], ...] = ()) -> Certificate:
         """``through``: the ops the extracted program applies to the form's result on the way to the region's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from egfuse import inputs, memory, progress, protos, validate
+from egfuse import inputs, memory, progress, protos, runner, validate
 from egfuse.report import RegionReport, Report, RotaryReport
 from egfuse.search import RegionKey
 
@@ -28,6 +28,18 @@ def judge(
 ) -> dict[RegionKey, tuple[str, float]]:
     """Compare graph outputs and every fused region's and rotation's output; return what to roll back. No run
     may hold more than ``budget`` bytes (estimated before it runs)."""
+    with runner.kept_sessions():
+        return _judge(original, fused, report, feeds, weights, budget)
+
+
+def _judge(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    report: Report,
+    feeds: dict | None,
+    weights: protos.DetachedWeights | None,
+    budget: int | None,
+) -> dict[RegionKey, tuple[str, float]]:
     entries = fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
     progress.stage(f"validating {len(entries)} fused regions on onnxruntime")

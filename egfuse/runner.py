@@ -111,10 +111,34 @@ def run(
     *,
     weights: protos.DetachedWeights | None = None,
 ) -> dict[str, np.ndarray]:
-    probe = with_outputs(model, outputs) if outputs else model
-    sess = session(probe, weights)
+    kept = _KEPT.get()
+    key = (id(model), tuple(outputs or ()))
+    if kept is not None and key in kept:
+        sess = kept[key][1]
+    else:
+        probe = with_outputs(model, outputs) if outputs else model
+        sess = session(probe, weights)
+        if kept is not None and weights is None and model.ByteSize() <= KEEP_BYTES:
+            kept[key] = (model, sess)  # the model held too: its id stays its own while the session is kept
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+KEEP_BYTES = 64 << 20
+"""Sessions of models up to this size are kept for the next run of the same model (:func:`kept_sessions`)."""
+_KEPT: ContextVar[dict | None] = ContextVar("egfuse_kept_sessions", default=None)
+
+
+@contextmanager
+def kept_sessions() -> Iterator[None]:
+    """Inside the block, a small model run again (the original and the fused model on each set of feeds: eight
+    runs a validation) reuses its session: building one costs more than running a small model. Weights in
+    files and larger models get a session a run, so at most one holds their weights."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def original_outputs(

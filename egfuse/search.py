@@ -21,12 +21,13 @@ from egfuse.extract import extract
 from egfuse.facts import GraphFacts
 from egfuse.layer_regions import find_layer_regions, write_layer_regions
 from egfuse.load import default_opset
-from egfuse.lower import Lowerer
+from egfuse.lower import Lowered, Lowerer
 from egfuse.memory import DEFAULT_BUDGET_BYTES
 from egfuse.node_builder import replace_output
 from egfuse.prepare import infer_shapes
 from egfuse.raise_ import Emitter
 from egfuse.regions import find_regions
+from egfuse.repeats import InPlace, NotRenamed, Renamed, find_repeats
 from egfuse.report import WRITTEN_NOTE, RegionReport, Report
 from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
@@ -62,6 +63,27 @@ def fuse_once(
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
+    """One search; repeated regions are solved once (:mod:`egfuse.repeats`), unless a repeat's program cannot be
+    renamed — then the search runs again with every region in the e-graph, which writes the same model slower."""
+    settings = dict(budgets=budgets, excluded=excluded, banned=banned, source=source, weights=weights, origins=origins)
+    try:
+        return _search(prepared, target, solve_once=True, **settings)
+    except NotRenamed:
+        return _search(prepared, target, solve_once=False, **settings)
+
+
+def _search(
+    prepared: onnx.ModelProto,
+    target: TargetSpec,
+    *,
+    solve_once: bool,
+    budgets: Budgets,
+    excluded: dict[RegionKey, tuple[str, float]],
+    banned: dict[int, dict[str, str]],
+    source: str,
+    weights: protos.DetachedWeights | None,
+    origins: dict[str, str] | None,
+) -> tuple[onnx.ModelProto, Report]:
     target_name = target.name
     model = weights.to_ir(prepared) if weights is not None else ir.serde.deserialize_model(prepared)
     graph = model.graph
@@ -90,15 +112,19 @@ def fuse_once(
         residual = any(target.op_for(c) is not None for c in RESIDUAL_NORMS)
         claimed = {n for r in regions for n in r.nodes} | rotation_nodes
         layer_regions = find_layer_regions(graph, facts, claimed, residual_norms=residual)
+    ruleset = ruleset_for(target.rule_families)
+    certifier = Certifier(facts, default_opset(prepared), ruleset, budgets.max_iterations)
+    kinds = [("attention", r) for r in regions] + [("layer", r) for r in layer_regions]
+    repeats = find_repeats(kinds + [("rotary", r.region) for r in rotations], certifier.lower, facts,
+                           solve_once=solve_once)  # fmt: skip
     session = Session()
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
-    for region in [*regions, *layer_regions, *(r.region for r in rotations)]:
+    for region in repeats.representatives:
         lowerer.lower(region)
     session.add(lowerer.table.commands)
     progress.stage(f"saturating the e-graph of {len(regions)} attention regions")
     t0 = time.perf_counter()
     start_size = session.size()
-    ruleset = ruleset_for(target.rule_families)
     stats = session.run(
         ruleset,
         max_iterations=budgets.max_iterations,
@@ -120,9 +146,9 @@ def fuse_once(
             value = lowerer.table.values[value_index(node)] if value_index(node) is not None else None
             if value is not None and (node.op == "ref" or value not in class_of):
                 class_of[value] = cid
-    # Each region lowered alone now, before any is rewritten: its certificate is saturated once it is fused.
-    certifier = Certifier(facts, default_opset(prepared), ruleset, budgets.max_iterations)
-    alone = {r.index: certifier.lower(r) for r in regions if r.main_output in class_of}
+    repeats.extend(class_of, [*layer_regions, *(r.region for r in rotations)])
+    # Each region was lowered alone before any is rewritten: its certificate is saturated once it is fused.
+    alone = {r.index: repeats.lowered[id(r)] for r in regions if r.main_output in repeats.classes_of(r, class_of)}
     # Regions that lower alone to the same commands are one region up to value names (same ops, attributes,
     # constants and shapes): the layers of a model. Their certificate is saturated once.
     report.stats["distinct_regions"] = len(set(alone.values()))
@@ -136,6 +162,22 @@ def fuse_once(
     seconds_certify = 0.0
     notes: list[str] = []
     no_bias_classes = {cid for cid, nodes in classes.items() if any(n.op == "no_bias" for n in nodes)}
+    priced: dict[EClass, list[dict]] = {}
+
+    def price(main: EClass) -> list[dict]:
+        """The forms ``main`` held, priced (once per class: every repeat of a region asks for the same one)."""
+        if main not in priced:
+            priced[main] = candidates.priced_forms(main, classes, choice, cost_model)
+        return priced[main]
+
+    in_place = InPlace(lowerer.table, classes)
+
+    def table_of(region) -> Lowered:
+        rename = repeats.rename_of(region)
+        if rename is None:
+            return lowerer.table
+        return Renamed(lowerer.table, rename, in_place.kept(rename))
+
     for done, region in enumerate(regions):
         progress.stage(f"extracting and writing region {done + 1}/{len(regions)}")
         entry = RegionReport(
@@ -147,9 +189,10 @@ def fuse_once(
             functions=functions.origin([region.softmax, *region.nodes], origins),
         )
         report.regions.append(entry)
-        main = class_of.get(region.main_output)
+        region_classes = repeats.classes_of(region, class_of)
+        main = region_classes.get(region.main_output)
         fused_ops = fused_nodes(main, choice) if main is not None else []
-        entry.candidates = candidates.priced_forms(main, classes, choice, cost_model) if main is not None else []
+        entry.candidates = price(main) if main is not None else []
         base_choice = choice
         if not fused_ops and main is not None and any(c["form"] in FUSED and c["cost_us"] for c in entry.candidates):
             # The extraction preferred a rewrite of the region's own ops, but an unfused region is kept as written.
@@ -163,7 +206,7 @@ def fuse_once(
                 )
         if not fused_ops:
             entry.reason = candidates.cheaper_unfused(entry.candidates, target_name) or diagnose.why_not(
-                region, class_of, classes, runnable, target_name
+                region, region_classes, classes, runnable, target_name
             )
             continue
         if region.index in excluded:
@@ -182,7 +225,7 @@ def fuse_once(
         emitter = Emitter(
             graph,
             facts,
-            lowerer.table,
+            table_of(region),
             classes,
             fact_tables["rank_of"],
             region_choice,
@@ -195,9 +238,9 @@ def fuse_once(
         # the next layer, a projection used elsewhere) keep their original nodes.
         try:
             replacements = [
-                (out, emitter.value(class_of[out]))
+                (out, emitter.value(region_classes[out]))
                 for out in region.outputs
-                if out in class_of and fused_nodes(class_of[out], region_choice)
+                if out in region_classes and fused_nodes(region_classes[out], region_choice)
             ] + emitter.also_replace
         except (ValueError, KeyError) as err:  # nothing was inserted yet: the region stays as it was
             entry.reason = f"the fused form could not be written as ONNX: {err}"
@@ -229,7 +272,7 @@ def fuse_once(
     def write_chosen(region, prefix: str):
         """A norm's, an activation's or a rotation's extracted op written over its output."""
         main = class_of[region.main_output]
-        emitter = Emitter(graph, facts, lowerer.table, classes, fact_tables["rank_of"], choice, target,
+        emitter = Emitter(graph, facts, table_of(region), classes, fact_tables["rank_of"], choice, target,
                           f"egfuse/{prefix}{region.index}", shapes, default_opset(prepared))  # fmt: skip
         emitter.graph_values_only, emitter.taken_over = True, taken_over
         new = emitter.emit_chosen(main)
@@ -244,7 +287,7 @@ def fuse_once(
     write_layer_regions(layer_regions, class_of, choice, excluded, lambda r: write_chosen(r, "n"), report.layer_ops)
     report.rotary = write_rotary_regions(
         rotations, class_of, classes, choice, excluded, lambda r: write_chosen(r, "rope"), target.no_rotary,
-        lambda main: candidates.priced_forms(main, classes, choice, cost_model),
+        price,
     )  # fmt: skip
     for entry, rotation in zip(report.rotary, rotations, strict=True):
         entry.functions = functions.origin([rotation.anchor], origins)
