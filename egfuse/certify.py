@@ -68,6 +68,16 @@ class Certifier:
         self.facts, self.opset = facts, opset
         self.ruleset, self.max_iterations = ruleset, max_iterations
         self._done: dict[tuple[LoweredRegion, str], Certificate] = {}
+        self._session: Session | None = None
+
+    def _clean_session(self) -> Session:
+        """One e-graph for every certificate of the search, its rules registered once (turning ~300 rules into
+        egglog's commands costs more than a small region's saturation); each region runs between a push and a
+        pop, so it starts from the same empty e-graph a new session has."""
+        if self._session is None:
+            self._session = Session()
+            self._session.run(self.ruleset, max_iterations=0, max_enodes=0, max_seconds=0.0)
+        return self._session
 
     def lower(self, region: Region) -> LoweredRegion:
         names = _names()
@@ -86,7 +96,16 @@ class Certifier:
         return self._done[key]
 
     def _saturate(self, lowered: LoweredRegion, form: str, through: tuple[tuple[str, int], ...]) -> Certificate:
-        session = Session()
+        session = self._clean_session()
+        session.egraph.push()
+        try:
+            return self._saturated(session, lowered, form, through)
+        finally:
+            session.egraph.pop()
+
+    def _saturated(
+        self, session: Session, lowered: LoweredRegion, form: str, through: tuple[tuple[str, int], ...]
+    ) -> Certificate:
         session.add(list(lowered.commands))
         pattern = f"({session.names[form]} {' '.join(f'x{i}' for i in range(len(fields(form))))})"
         for depth, (op, position) in enumerate(reversed(through)):
