@@ -70,13 +70,18 @@ class Certifier:
         self._done: dict[tuple[LoweredRegion, str], Certificate] = {}
         self._session: Session | None = None
 
+    def adopt(self, session: Session) -> None:
+        """Certificates run in ``session``, which holds this search's rules and no terms (the search's own
+        e-graph, popped back after reading it): its rules are not turned into egglog's commands again."""
+        self._session = session
+
     def _clean_session(self) -> Session:
         """One e-graph for every certificate of the search, its rules registered once (turning ~300 rules into
         egglog's commands costs more than a small region's saturation); each region runs between a push and a
         pop, so it starts from the same empty e-graph a new session has."""
         if self._session is None:
             self._session = Session()
-            self._session.run(self.ruleset, max_iterations=0, max_enodes=0, max_seconds=0.0)
+            self._session.register(self.ruleset)
         return self._session
 
     def lower(self, region: Region) -> LoweredRegion:

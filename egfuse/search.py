@@ -118,6 +118,8 @@ def _search(
     repeats = find_repeats(kinds + [("rotary", r.region) for r in rotations], certifier.lower, facts,
                            solve_once=solve_once)  # fmt: skip
     session = Session()
+    session.register(ruleset)
+    session.egraph.push()  # the terms above the rules: popped once read back, the certificates reuse the rules
     lowerer = Lowerer(facts, session.names, default_opset(prepared))
     for region in repeats.representatives:
         lowerer.lower(region)
@@ -140,6 +142,8 @@ def _search(
     )
     report.rules = dict(sorted(stats.rule_matches.items(), key=lambda item: (-item[1], item[0])))
     classes, fact_tables = session.freeze()
+    session.egraph.pop()
+    certifier.adopt(session)
     class_of: dict[ir.Value, EClass] = {}
     for cid, nodes in classes.items():  # a region's own value (``ref``) over another region's leaf of it
         for node in nodes:
