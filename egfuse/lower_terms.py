@@ -4,6 +4,7 @@ each e-class (dtype, rank, the dims rules compare, scalar values, weights, finit
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,12 @@ def axes_input(node: ir.Node, facts: GraphFacts) -> list[int] | None:
         return None if axes is None else [int(a) for a in axes.reshape(-1)]
     attr = node.attributes.get("axes")
     return None if attr is None else list(attr.value)
+
+
+_TERM = "\x00"
+"""Where the term goes in a value's fact lines (no term's text holds it)."""
+_FACT_LINES: weakref.WeakKeyDictionary[GraphFacts, dict[tuple, list[str]]] = weakref.WeakKeyDictionary()
+"""Per search (its facts): a value's fact lines, by (value, leaf or not, the names they were written with)."""
 
 
 class TermWriter:
@@ -106,7 +113,18 @@ class TermWriter:
         self.table.commands.append(f"(union {term} {reading})")
 
     def _facts(self, value: ir.Value, term: str, leaf: bool) -> None:
-        cmds = self.table.commands
+        """The facts of ``value`` stated on ``term``: worked out once per value (a region is lowered alone and
+        again into the search's e-graph, and a mask or weight every layer reads in each layer's region)."""
+        known = _FACT_LINES.setdefault(self.facts, {})
+        key = (value, leaf, id(self.n))
+        lines = known.get(key)
+        if lines is None:
+            lines = known[key] = self._fact_lines(value, leaf)
+        self.table.commands.extend(line.replace(_TERM, term) for line in lines)
+
+    def _fact_lines(self, value: ir.Value, leaf: bool) -> list[str]:
+        term = _TERM
+        cmds: list[str] = []
         if value.dtype is not None:
             cmds.append(f"(set ({self.n['dtype_of']} {term}) {int(value.dtype)})")
         rank = self.facts.rank(value)
@@ -144,7 +162,7 @@ class TermWriter:
             # from bounded values (ALiBi's slopes · positions, where the first region computes the shared bias)
             cmds.append(f"({self.n['finite']} {term})")
         if not leaf:
-            return
+            return cmds
         scalar = self.facts.scalar(value)
         if scalar is not None and not math.isnan(scalar):  # ±inf are kept: −inf is the usual mask fill
             cmds.append(f"(set ({self.n['scalar_of']} {term}) {float_text(scalar)})")
@@ -165,6 +183,7 @@ class TermWriter:
                             squeezed = self._call("squeeze", term, str(axis))
                             cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, str(axis))})")
                             cmds.append(f"({self.n['halves_repeat']} {squeezed})")
+        return cmds
 
     def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:
         if value is None:
