@@ -5,6 +5,7 @@ pass runs again (:func:`egfuse.api.fuse` holds that loop).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -174,13 +175,15 @@ def _search(
             priced[main] = candidates.priced_forms(main, classes, choice, cost_model)
         return priced[main]
 
-    in_place = InPlace(lowerer.table, classes)
+    @functools.cache
+    def in_place() -> InPlace:  # indexed once, by the first repeat written (a model may have none)
+        return InPlace(lowerer.table, classes)
 
     def table_of(region) -> Lowered:
         rename = repeats.rename_of(region)
         if rename is None:
             return lowerer.table
-        return Renamed(lowerer.table, rename, in_place.kept(rename))
+        return Renamed(lowerer.table, rename, in_place().kept(rename))
 
     for done, region in enumerate(regions):
         progress.stage(f"extracting and writing region {done + 1}/{len(regions)}")
