@@ -23,7 +23,8 @@ from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, ROTARY_OPS, FusedOp, 
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
 
-_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze", "squeeze"})
+_VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze", "squeeze",
+                    "group_heads", "ungroup_heads"})  # fmt: skip
 """Reshapes: no data moves, one node dispatched."""
 _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}

@@ -196,6 +196,24 @@ class Tensor(Expr):
     def repeat_heads(cls, a: Tensor, times: StringLike) -> Tensor:
         """(B, N, T, H) → (B, N·times, T, H), each head repeated ``times`` times in place: GQA/MQA's repeat_kv."""
 
+    @classmethod
+    def group_heads(cls, a: Tensor, groups: StringLike) -> Tensor:
+        """(B, K·G, T, X) → (B, K, G, T, X) with G = ``groups``: the heads axis viewed as K groups of G
+        consecutive heads, query heads sharing one KV head (Keras' grouped-query einsum ``btkgh,bskh``)."""
+
+    @classmethod
+    def ungroup_heads(cls, a: Tensor, groups: StringLike) -> Tensor:
+        """(B, K, G, T, X) → (B, K·G, T, X): ``group_heads``' inverse."""
+
+    @classmethod
+    def fold_groups(cls, a: Tensor, kv_heads: StringLike, groups: StringLike) -> Tensor:
+        """(B, K·G, T, X) → (B·K, G·T, X) with K = ``kv_heads``: each group's heads stacked as rows of one batch
+        entry, so one batched MatMul against the group's KV head serves all G (tf2onnx's grouped einsum)."""
+
+    @classmethod
+    def unfold_groups(cls, a: Tensor, kv_heads: StringLike, groups: StringLike) -> Tensor:
+        """(B·K, G·T, X) → (B, K·G, T, X): ``fold_groups``' inverse."""
+
     # --- canonical attention -------------------------------------------------------------------------------
     @classmethod
     def scores(cls, q: Tensor, k: Tensor, scale: f64Like) -> Tensor:

@@ -148,6 +148,8 @@ class TermWriter:
             for axis in (0, 1):
                 if shape[axis] is not None:
                     cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis]}")')
+            if shape[2] is not None and shape[2].static is not None:  # grouped heads (B, K, G, T, X): G
+                cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{shape[2].static}")')
         elif rank == 3:  # the merged (B·N) batch of 3D attention: equal strings prove equal sizes
             first = shape[0]
             if first is not None:

@@ -12,11 +12,13 @@ def perm_string(perm: tuple[int, ...] | list[int]) -> str:
     return ",".join(str(int(p)) for p in perm)
 
 
-def perm_table(ranks: tuple[int, ...] = (3, 4)) -> list[tuple[str, str, str]]:
-    """All ``(first, then, composed)`` triples for the given ranks (24² + 6² rows: cheap to load)."""
+def perm_table(ranks: tuple[int, ...] = (3, 4, 5)) -> list[tuple[str, str, str]]:
+    """All ``(first, then, composed)`` triples for the given ranks (6² + 24² rows, and 24² at rank 5: cheap to
+    load). At rank 5 only the permutations that keep the leading (batch) axis: grouped heads (B, K, G, T, X)
+    are reordered behind it, and the full table would be 120² rows for nothing."""
     rows = []
     for rank in ranks:
-        perms = list(itertools.permutations(range(rank)))
+        perms = [p for p in itertools.permutations(range(rank)) if rank < 5 or p[0] == 0]
         for first in perms:
             for then in perms:
                 composed = tuple(first[i] for i in then)

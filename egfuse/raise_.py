@@ -316,6 +316,12 @@ class Emitter(MaskWriter):
             batch = self.node("Div", [folded, self.const(np.array([second], np.int64), "windows")])
             ones = self.const(np.ones(rank - 2, np.int64), "ones")
             return self.node("Tile", [squeezed, self.node("Concat", [batch, ones], {"axis": 0})], like=m)
+        if op in ("group_heads", "ungroup_heads"):  # Reshape to (B, -1, G, T, X) or (B, -1, T, X)
+            x = self.value(a.a)
+            middle = [-1, int(a.groups)] if op == "group_heads" else [-1]
+            lead, tail = self.shape(x, 0, 1), self.shape(x, 2 if op == "group_heads" else 3)
+            spec = self.node("Concat", [lead, self.const(np.array(middle, np.int64), "shape"), tail], {"axis": 0})
+            return self.node("Reshape", [x, spec], like=x)
         if op in ("merge_lead", "split_lead"):
             x = self.value(a.a)
             shape = self.shape(x, 2 if op == "merge_lead" else 1)

@@ -133,7 +133,7 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
     if not chain or chain[-1].op_type not in ("MatMul", "Einsum", "Add"):
         return chain
     value = chain[-1].outputs[0]
-    for _ in range(3):
+    for _ in range(5):  # tf2onnx's grouped einsum: Reshape → Squeeze → Transpose → Reshape, then the heads merged
         nxt = single_consumer(value)
         if nxt is None or nxt.op_type not in _FORWARD_LAYOUT or nxt.inputs[0] is not value:
             break

@@ -140,6 +140,8 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
     if op == "tile_lead":
         m, like = kids[0], kids[1]
         return (like[0], *m[2:]) if len(m) >= 2 and like else None
+    if op in ("group_heads", "ungroup_heads", "fold_groups", "unfold_groups"):
+        return _grouped(op, kids[0], Dim.parse(a.groups), Dim.parse(a.kv_heads) if "fold" in op else None)
     if op == "repeat_heads":
         return (kids[0][0], _mul(kids[0][1], Dim.parse(a.times)), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):
@@ -218,3 +220,19 @@ def static(shape: Shape | None, axis: int) -> int | None:
     if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] is None:
         return None
     return shape[axis].static
+
+
+def _grouped(op: str, x: Shape, groups: Dim, kv_heads: Dim | None) -> Shape | None:
+    """The shapes of grouped heads (:mod:`egfuse.rules.groups`): (B, K·G, T, X) ↔ (B, K, G, T, X) ↔ (B·K, G·T, X)."""
+    if op == "group_heads" and len(x) == 4:
+        heads = x[1].div(groups) if x[1] is not None else None
+        return (x[0], heads, groups, *x[2:])
+    if op == "ungroup_heads" and len(x) == 5:
+        return (x[0], _mul(x[1], x[2]), *x[3:])
+    if op == "fold_groups" and len(x) == 4:
+        return (_mul(x[0], kv_heads), _mul(groups, x[2]), x[3])
+    if op == "unfold_groups" and len(x) == 3:
+        batch = x[0].div(kv_heads) if x[0] is not None else None
+        rows = x[1].div(groups) if x[1] is not None else None
+        return (batch, _mul(kv_heads, groups), rows, x[2])
+    return None

@@ -10,6 +10,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``attention`` — ``softmax(scores + bias) @ V`` becomes ``attend``
 * ``heads``     — heads folded into the batch (B·N, S, H) or absent (B, S, H): attention under ``merge_lead``
 * ``windows``   — a window axis before the heads (B, W, N, S, H): attention on the folded (B·W) batch
+* ``groups``    — query heads in groups of one KV head (B, K, G, T, H), or stacked as rows (B·K, G·T, H): GQA
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
@@ -30,6 +31,7 @@ from egfuse.rules import (
     commute,
     facts,
     gelu,
+    groups,
     heads,
     layout,
     masks,
@@ -50,7 +52,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
     "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
-    "windows": windows.rules,
+    "windows": windows.rules, "groups": groups.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
@@ -93,6 +95,7 @@ __all__ = [
     "commute",
     "facts",
     "gelu",
+    "groups",
     "heads",
     "layout",
     "masks",

@@ -19,6 +19,7 @@ def rules(x: Tensor, c: Tensor, z: Tensor, p: String, q: String, pq: String, n: 
     yield rule(Tensor.transpose(Tensor.transpose(x, p), q), pq == perm_then(p, q)).then(
         union(Tensor.transpose(Tensor.transpose(x, p), q)).with_(Tensor.transpose(x, pq))
     )
+    yield rewrite(Tensor.transpose(x, "0,1,2,3,4")).to(x)
     yield rewrite(Tensor.transpose(x, "0,1,2,3")).to(x)
     yield rewrite(Tensor.transpose(x, "0,1,2")).to(x)
     yield rewrite(Tensor.transpose(x, "0,1")).to(x)
