@@ -185,7 +185,10 @@ class LayoutTerms(TermWriter):
         repeated = self._repeat_heads(node, dst)
         if repeated is not None:
             return repeated
-        return self._meaning(args[0], src, dst) or self._through_views(node, dst) or generic
+        direct, chained = self._meaning(args[0], src, dst), self._through_views(node, dst)
+        if direct is not None and chained is not None and direct != chained:  # both true: one e-class
+            self.table.commands.append(f"(union {direct} {chained})")
+        return direct or chained or generic
 
     def _through_views(self, node: ir.Node, dst: tuple[Dim, ...]) -> str | None:
         """A chain of views (Reshape, Squeeze, Unsqueeze: each keeps the elements in row-major order) is one
@@ -245,7 +248,14 @@ class LayoutTerms(TermWriter):
 
     def _meaning(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> str | None:
         """The layout change a reshape from ``src`` to ``dst`` performs, as a term on ``arg`` (None: none the
-        rules know)."""
+        rules know). Where a unit dim makes two readings true (one KV head: (B, 1, G, T, X) is both the batch
+        split by 1 and the heads grouped by G), both are stated: one e-class."""
+        plain, grouped = self._plain_meaning(arg, src, dst), self._grouped(arg, src, dst)
+        if plain is not None and grouped is not None:
+            self.table.commands.append(f"(union {plain} {grouped})")
+        return plain or grouped
+
+    def _plain_meaning(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> str | None:
         args = [arg]
         if len(dst) == len(src) + 1 and dst[:-2] == src[:-1] and times(dst[-2], dst[-1]) == src[-1]:
             return self._call("split_heads", args[0], quoted(dst[-2]), quoted(dst[-1]))
@@ -279,30 +289,42 @@ class LayoutTerms(TermWriter):
                 "merge_heads", self._call("transpose", args[0], quoted("0,3,1,2")), quoted(src[1]), quoted(src[2])
             )
             return self._call("transpose", moved, quoted("0,2,1"))
-        return self._grouped(arg, src, dst)
+        return None
 
     def _grouped(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> str | None:
         """Reshapes that view the heads in groups (grouped-query attention written per group: Keras' einsum
         ``btkgh,bskh->bkgts`` as tf2onnx lowers it), each as the grouping of (B, N, T, X) heads it performs.
-        The number of KV heads K and the group size G must be numbers: the terms name them."""
+        The number of KV heads K and the group size G must be numbers: the terms name them. Unit dims can make
+        two readings true (a unit axis is both a group of one and one group): every true one is stated."""
+        readings = [term for term in self._groupings(arg, src, dst) if term is not None]
+        for other in readings[1:]:
+            self.table.commands.append(f"(union {readings[0]} {other})")
+        return readings[0] if readings else None
+
+    def _groupings(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]):
         ranks = (len(src), len(dst))
+        if ranks == (4, 5) and dst[0] == src[0] and dst[3:] == src[2:] and _grouping(src[1], dst[1], dst[2]):
+            # (B, N, T, X) → (B, K, G, T, X): the heads axis in K groups of G
+            yield self._call("group_heads", arg, quoted(dst[2]))
+        if ranks == (5, 4) and dst[0] == src[0] and dst[2:] == src[3:] and _grouping(dst[1], src[1], src[2]):
+            # (B, K, G, T, X) → (B, N, T, X): the groups joined
+            yield self._call("ungroup_heads", arg, quoted(src[2]))
         if ranks == (4, 5) and dst[:2] == src[:2] and dst[4] == src[3] and _grouping(src[2], dst[2], dst[3]):
             # (B, T, N, H) → (B, T, K, G, H): the heads of a (B, S, N, H) tensor split into K groups of G
             grouped = self._call("group_heads", self._call("transpose", arg, quoted("0,2,1,3")), quoted(dst[3]))
-            return self._call("transpose", grouped, quoted("0,3,1,2,4"))
+            yield self._call("transpose", grouped, quoted("0,3,1,2,4"))
         if ranks == (5, 4) and dst[:2] == src[:2] and dst[3] == src[4] and _grouping(dst[2], src[2], src[3]):
             # (B, T, K, G, H) → (B, T, N, H): the groups joined again
             heads = self._call("ungroup_heads", self._call("transpose", arg, quoted("0,2,3,1,4")), quoted(src[3]))
-            return self._call("transpose", heads, quoted("0,2,1,3"))
+            yield self._call("transpose", heads, quoted("0,2,1,3"))
         if ranks == (5, 3) and src[4] == dst[2] and _folded(dst[:2], src[:4]):
             # (B, K, G, T, X) → (B·K, G·T, X): each group's heads stacked as rows of one batch entry
             heads = self._call("ungroup_heads", arg, quoted(src[2]))
-            return self._call("fold_groups", heads, quoted(src[1]), quoted(src[2]))
+            yield self._call("fold_groups", heads, quoted(src[1]), quoted(src[2]))
         if ranks == (3, 5) and src[2] == dst[4] and _folded(src[:2], dst[:4]):
             # (B·K, G·T, X) → (B, K, G, T, X): the rows of each batch entry back to its group of heads
             heads = self._call("unfold_groups", arg, quoted(dst[1]), quoted(dst[2]))
-            return self._call("group_heads", heads, quoted(dst[2]))
-        return None
+            yield self._call("group_heads", heads, quoted(dst[2]))
 
 
 def _grouping(heads: Dim, kv_heads: Dim, group: Dim) -> bool:

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # Ops whose (first) output has the shape of their first input, including common contrib ops that ONNX
 # shape inference does not know (LayerNormalization below opset 17, SkipLayerNormalization, Gelu …).
 SAME_SHAPE = frozenset({
-    "Softmax", "Cast", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh",
-    "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "Trilu", "Sign", "Ceil", "Floor",
+    "Softmax", "Cast", "CastLike", "Sqrt", "IsNaN", "Identity", "Neg", "Relu", "Gelu", "FastGelu", "BiasGelu", "Erf",
+    "Tanh", "Sigmoid", "Exp", "Log", "Abs", "Dropout", "Not", "Trilu", "Sign", "Ceil", "Floor",
     "LayerNormalization", "SkipLayerNormalization",
     "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization", "QuickGelu",
 })  # fmt: skip

@@ -34,6 +34,9 @@ def rules(x: Tensor, y: Tensor, m: Tensor, c: Tensor, k: String, g: String, r: i
     yield rewrite(Tensor.group_heads(Tensor.ungroup_heads(x, g), g)).to(x)
     yield rewrite(Tensor.unfold_groups(Tensor.fold_groups(x, k, g), k, g)).to(x)
     yield rewrite(Tensor.fold_groups(Tensor.unfold_groups(x, k, g), k, g)).to(x)
+    # With one KV head the groups are the batch split by 1: (B, 1, N, T, X) joined is (B, N, T, X) either way.
+    yield rewrite(Tensor.ungroup_heads(Tensor.split_lead(x, ONE), g)).to(x)
+    yield rewrite(Tensor.merge_lead(Tensor.group_heads(x, g), ONE)).to(x)
     # Rows of a group share their KV head: a grouped batched MatMul is attention's MatMul with K/V repeated.
     yield rewrite(Tensor.matmul(Tensor.fold_groups(x, k, g), Tensor.merge_lead(y, k))).to(
         Tensor.fold_groups(Tensor.matmul(x, Tensor.repeat_heads(y, g)), k, g),
@@ -48,10 +51,10 @@ def rules(x: Tensor, y: Tensor, m: Tensor, c: Tensor, k: String, g: String, r: i
     for lead in (lambda t: Tensor.group_heads(t, g), lambda t: Tensor.fold_groups(t, k, g)):
         yield rewrite(Tensor.softmax(lead(x))).to(lead(Tensor.softmax(x)))
         yield rewrite(Tensor.cast(lead(x), r)).to(lead(Tensor.cast(x, r)))
-        for binary in BINARY:  # a scalar, either side (a scale moves to the MatMul that absorbs it)
+        for binary in BINARY:  # a scalar, either side (a scale on the folded query stays in: the MatMul rule
+            # takes any query, and the scores absorb the scale once the views cancel)
             yield rewrite(binary(lead(x), c)).to(lead(binary(x, c)), scalar_of(c) == f)
             yield rewrite(binary(c, lead(x))).to(lead(binary(c, x)), scalar_of(c) == f)
-            yield rewrite(lead(binary(x, c))).to(binary(lead(x), c), scalar_of(c) == f)
     # … and a mask whose group axes are 1 is the (B, 1, T, S) mask of the N heads, either side, or a select's flag.
     unit_groups = (
         eq(rank_of(m)).to(i64(5)),

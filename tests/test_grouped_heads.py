@@ -26,9 +26,13 @@ def _const(name: str, values: list[int]) -> onnx.TensorProto:
     return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
 
 
-def _graph(group_perm: tuple[int, ...] = (0, 2, 3, 1, 4, 5), mask_groups: int = 1, zeroed: bool = True):
+def _graph(
+    group_perm: tuple[int, ...] = (0, 2, 3, 1, 4, 5), mask_groups: int = 1, zeroed: bool = True, kv: int = K
+) -> onnx.ModelProto:
     """tf2onnx's grouped einsum around a select-masked softmax. ``group_perm`` moves the query's (B, T, K, G, 1, H)
-    to (B, K, G, T, 1, H) (swap K and G for the near miss); ``mask_groups``: the mask's K axis (1: shared)."""
+    to (B, K, G, T, 1, H) (swap K and G for the near miss); ``mask_groups``: the mask's K axis (1: shared);
+    ``kv``: the number of KV heads K (the N = K·G query heads fixed)."""
+    K, G = kv, N // kv
     inits = [
         helper.make_tensor("scale", TensorProto.FLOAT, [], [1 / np.sqrt(H)]),
         helper.make_tensor("fill", TensorProto.FLOAT, [], [FILL]),
@@ -93,8 +97,8 @@ def _graph(group_perm: tuple[int, ...] = (0, 2, 3, 1, 4, 5), mask_groups: int = 
     ]
     inputs = [
         helper.make_tensor_value_info("q", TensorProto.FLOAT, [B, T, N, H]),
-        helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, T, K, H]),
-        helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, T, K, H]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, [B, T, kv, H]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, T, kv, H]),
         helper.make_tensor_value_info("m", TensorProto.BOOL, [B, mask_groups, 1, T, T]),
     ]
     out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, T, N * H])]
@@ -102,12 +106,12 @@ def _graph(group_perm: tuple[int, ...] = (0, 2, 3, 1, 4, 5), mask_groups: int = 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _feeds(mask_groups: int = 1) -> dict[str, np.ndarray]:
+def _feeds(mask_groups: int = 1, kv: int = K) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {
         "q": rng.standard_normal((B, T, N, H)).astype(np.float32),
-        "k": rng.standard_normal((B, T, K, H)).astype(np.float32),
-        "v": rng.standard_normal((B, T, K, H)).astype(np.float32),
+        "k": rng.standard_normal((B, T, kv, H)).astype(np.float32),
+        "v": rng.standard_normal((B, T, kv, H)).astype(np.float32),
     }
     m = np.tril(np.ones((T, T), bool))[None, None, None].repeat(B, 0).repeat(mask_groups, 1)
     m[1, ..., :2] = False  # left padding in the second sequence: its first rows hide every key
@@ -117,9 +121,14 @@ def _feeds(mask_groups: int = 1) -> dict[str, np.ndarray]:
     return feeds
 
 
-@pytest.mark.parametrize(("target", "zeroed"), one_target_fast([(True,), (False,)], ["zeroed", "kept"]))
-def test_grouped_einsum_fuses_and_matches(target: str, zeroed: bool):
-    model, feeds = _graph(zeroed=zeroed), _feeds()
+@pytest.mark.parametrize(
+    ("target", "zeroed", "kv"),
+    one_target_fast([(True, K), (False, K), (True, 1), (True, N)], ["zeroed", "kept", "one_kv_head", "no_grouping"]),
+)
+def test_grouped_einsum_fuses_and_matches(target: str, zeroed: bool, kv: int):
+    """Two KV heads of three query heads each; one KV head (MQA: the groups are the batch split by 1); as many KV
+    heads as query heads (groups of one)."""
+    model, feeds = _graph(zeroed=zeroed, kv=kv), _feeds(kv=kv)
     result = egfuse.fuse(model, target=target, feeds=feeds)
     assert result.report.fused == 1, str(result.report)
     assert fused_op_count(result.model, target) == 1

@@ -26,11 +26,6 @@ from .conftest import DATA, assert_same_outputs
 
 PRODUCERS = sorted(p.parent for p in (DATA / "producers").glob("*/manifest.json"))
 
-_GQA_5D = (
-    "grouped-query Einsum lowered by tf2onnx with the query group packed into the rows: scores (B·K, G·S, T) of "
-    "Q (B·K, G·S, H) against K (B·K, T, H), viewed as (B, K, G, S, T) for the mask — the identity that reads a "
-    "group packed into the rows as G grouped heads per K/V head (the mask tiled over the group) is not written yet"
-)
 _TALKING_HEADS = (
     "talking-heads attention mixes the heads by a linear map before and after the softmax: no attention "
     "op computes it (the class-attention block fuses)"
@@ -41,8 +36,6 @@ _WINDOWS_SYMBOLIC = (
 )
 _FACTORIZED = "factorized attention: a softmax over the keys' token axis and Kᵀ·V first, no N×N scores"
 KNOWN_GAPS: dict[str, tuple[int, str]] = {
-    "gemma_backbone.tf2onnx.onnx": (0, _GQA_5D),
-    "gemma3_backbone.tf2onnx.onnx": (0, _GQA_5D),
     **{f"cait_{a}.{e}.onnx": (1, _TALKING_HEADS) for a in ("eager", "fused") for e in ("torchscript", "dynamo")},
     "twins_eager.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),
     "twins_fused.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),

@@ -129,6 +129,8 @@ def _matmul(b: Builder, v: Variant, x: str, y: str) -> str:
     """``x @ y`` on (B, N, ·, ·) operands, plain or decomposed as torch 2.1–2.4's dynamo exporter writes it."""
     if v.matmul == "plain":
         return b.op("MatMul", [x, y])
+    if v.matmul == "tf2onnx_einsum" and v.n_kv != v.heads and not v.past:
+        return _grouped_einsum_as_tf2onnx(b, x, y, v.n_kv, v.heads // v.n_kv)
     if v.matmul == "tf2onnx_einsum":
         return _einsum_as_tf2onnx(b, x, y)
 
@@ -168,6 +170,31 @@ def _einsum_as_tf2onnx(b: Builder, x: str, y: str) -> str:
     rows_cols = part(b.op("Shape", [product]), 1, 3)
     target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), rows_cols, unit], axis=0)
     return b.op("Squeeze", [b.op("Reshape", [product, target]), b.const(np.array([4], np.int64))])
+
+
+def _grouped_einsum_as_tf2onnx(b: Builder, x: str, y: str, kv_heads: int, groups: int) -> str:
+    """``x @ y`` for x (B, N, S, ·) with N = K·G query heads and y (B, K, ·, T) of K KV heads, as tf2onnx lowers
+    Keras' grouped einsum (``bkgsh,bkht->bkgst``): x viewed as (B, K, G, S, ·), a unit axis added, the group packed
+    into the rows of a (B·K, G·S, ·) batch, one 3D MatMul against y folded to (B·K, ·, T), the product viewed
+    back as (B, K, G, S, T, 1), squeezed, and its groups joined to (B, N, S, T)."""
+
+    def part(shape: str, start: int, stop: int) -> str:
+        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
+
+    shape_x, shape_y = b.op("Shape", [x]), b.op("Shape", [y])
+    sizes = b.const(np.array([kv_heads, groups], np.int64), "groups")
+    grouped = b.op("Reshape", [x, b.op("Concat", [part(shape_x, 0, 1), sizes, part(shape_x, 2, 4)], axis=0)])
+    wide = b.op("Unsqueeze", [grouped, b.const(np.array([4], np.int64))])
+    shape_wide = b.op("Shape", [wide])
+    batch = b.op("ReduceProd", [part(shape_wide, 0, 2)], keepdims=1)
+    rows = b.op("Concat", [batch, b.const(np.array([-1], np.int64)), part(shape_wide, 5, 6)], axis=0)
+    folded_y = b.op("Concat", [b.const(np.array([-1], np.int64)), part(shape_y, 2, 4)], axis=0)
+    product = b.op("MatMul", [b.op("Reshape", [wide, rows]), b.op("Reshape", [y, folded_y])])
+    unit = b.const(np.array([1], np.int64))
+    back = b.op("Concat", [part(b.op("Shape", [grouped]), 0, 4), part(shape_y, 3, 4), unit], axis=0)
+    per_group = b.op("Squeeze", [b.op("Reshape", [product, back]), b.const(np.array([5], np.int64))])
+    joined = b.op("Concat", [part(shape_x, 0, 3), part(shape_y, 3, 4)], axis=0)
+    return b.op("Reshape", [per_group, joined])
 
 
 def _dropout(b: Builder, v: Variant, p: str) -> str:

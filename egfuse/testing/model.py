@@ -52,9 +52,13 @@ def attention_model(v: Variant = Variant()) -> onnx.ModelProto:
     def split(y: str, n: int) -> str:  # (B, S, n·H) → (B, S, n, H)
         return b.op("Reshape", [y, b.const(np.array([0, 0, n, hd], np.int64), "shape")])
 
+    # tf2onnx's grouped einsum: K/V stay (B, kv, T, H) and the MatMul groups Q (Keras' caches are no Concat: with
+    # one, the K/V heads are repeated as transformers does)
+    grouped = v.matmul == "tf2onnx_einsum" and kv != heads and not v.past
+
     def repeat_kv(t: str, length: int | str | None = None) -> str:  # (B, kv, T, H) → (B, N, T, H), as transformers'
         # repeat_kv exports
-        if kv == heads:
+        if kv == heads or grouped:
             return t
         wide = b.op("Unsqueeze", [t, b.const(np.array([2], np.int64), "axes")])
         if v.symbolic:

@@ -47,7 +47,9 @@ MATMULS = ("plain", "batched_3d", "tf2onnx_einsum")
 ``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·); or as
 tf2onnx lowers Keras' Einsum: each operand ``Unsqueeze``d to the letters of both, ``Transpose``d to (batch, free,
 contracted), ``Reshape``d to (B·N, ·, ·) by a ``ReduceProd`` of its batch dims, a 3D MatMul, ``Reshape``d back
-with a unit axis and ``Squeeze``d."""
+with a unit axis and ``Squeeze``d. With fewer K/V heads than query heads, as tf2onnx lowers Keras' grouped
+einsum: K and V not repeated, each group of query heads packed into the rows of one (B·K, G·S, H) batch entry
+(without a KV cache: Keras' caches are no Concat)."""
 
 
 DROPOUTS = ("none", "plain", "ratio", "training_false", "castlike")
