@@ -76,7 +76,7 @@ class Certifier:
         self._session = session
 
     def _clean_session(self) -> Session:
-        """One e-graph for every certificate of the search, its rules registered once (turning ~300 rules into
+        """One e-graph for every certificate of the search, its rules registered once (turning ~530 rules into
         egglog's commands costs more than a small region's saturation); each region runs between a push and a
         pop, so it starts from the same empty e-graph a new session has."""
         if self._session is None:
