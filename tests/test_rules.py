@@ -14,6 +14,7 @@ from egfuse.rules import (
     clamp,
     commute,
     facts,
+    groups,
     heads,
     layout,
     masks,
@@ -192,6 +193,44 @@ def test_repeated_kv_heads_are_grouped_attention():
     unequal = Tensor.attend(q, Tensor.repeat_heads(k, "4"), Tensor.repeat_heads(v, "2"), m, 0.125, NO_CAP)
     egraph = saturated(attention.rules | facts.rules, unequal)
     assert not proves(egraph, unequal, Tensor.attend(q, k, v, m, 0.125, NO_CAP))
+
+
+# --- groups ---------------------------------------------------------------------------------------------------
+
+
+def test_rows_of_a_group_share_their_kv_head_and_of_another_count_do_not():
+    """``fold_groups(Q) @ merge_lead(Y) = fold_groups(Q @ repeat_heads(Y, G))`` when both fold the same K heads."""
+    merged = Tensor.merge_lead(y, "2")
+    term = Tensor.matmul(Tensor.fold_groups(q, "2", "3"), merged)
+    egraph = saturated(groups.rules, term, set_(rank_of(merged)).to(i64(3)))
+    assert proves(egraph, term, Tensor.fold_groups(Tensor.matmul(q, Tensor.repeat_heads(y, "3")), "2", "3"))
+    other = Tensor.matmul(Tensor.fold_groups(q, "2", "3"), Tensor.merge_lead(y, "6"))  # K = 6: another batch split
+    egraph = saturated(groups.rules, other, set_(rank_of(Tensor.merge_lead(y, "6"))).to(i64(3)))
+    assert not proves(egraph, other, Tensor.fold_groups(Tensor.matmul(q, Tensor.repeat_heads(y, "3")), "2", "3"))
+
+
+def test_a_mask_with_unit_group_axes_is_a_mask_of_the_heads_and_one_per_kv_head_is_not():
+    grouped = Tensor.group_heads(x, "3")
+    shared, per_kv = Tensor.add(grouped, m), Tensor.add(grouped, c)
+    shape = [set_(rank_of(t)).to(i64(5)) for t in (m, c)]
+    dims = [set_(dim_of(m, i64(1))).to(String("1")), set_(dim_of(m, i64(2))).to(String("1"))]
+    dims += [set_(dim_of(c, i64(1))).to(String("2")), set_(dim_of(c, i64(2))).to(String("1"))]
+    egraph = saturated(groups.rules, shared, per_kv, *shape, *dims)
+    heads_mask = Tensor.ungroup_heads(m, "1")
+    assert proves(egraph, shared, Tensor.group_heads(Tensor.add(x, heads_mask), "3"))
+    assert proves(egraph, heads_mask, Tensor.squeeze(m, -3))  # what a target writes
+    egraph.check(head_invariant(heads_mask))
+    assert not proves(egraph, per_kv, Tensor.group_heads(Tensor.add(x, Tensor.ungroup_heads(c, "1")), "3"))
+
+
+def test_grouped_views_cancel_and_commute_with_the_softmax():
+    term = Tensor.ungroup_heads(Tensor.softmax(Tensor.group_heads(x, "4")), "4")
+    egraph = saturated(groups.rules, term)
+    assert proves(egraph, term, Tensor.softmax(x))
+    folded = Tensor.unfold_groups(Tensor.fold_groups(x, "2", "4"), "2", "4")
+    egraph = saturated(groups.rules, folded, Tensor.unfold_groups(Tensor.fold_groups(x, "2", "4"), "4", "2"))
+    assert proves(egraph, folded, x)
+    assert not proves(egraph, Tensor.unfold_groups(Tensor.fold_groups(x, "2", "4"), "4", "2"), x)
 
 
 # --- clamp and qbias ------------------------------------------------------------------------------------------
