@@ -125,6 +125,11 @@ def _query_biased_scores(
     return b.op("MatMul", [q, kt])
 
 
+def _shape_part(b: Builder, shape: str, start: int, stop: int) -> str:
+    """``shape[start:stop]`` of a 1-D shape tensor, as exporters slice ``Shape`` outputs."""
+    return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
+
+
 def _matmul(b: Builder, v: Variant, x: str, y: str) -> str:
     """``x @ y`` on (B, N, ·, ·) operands, plain or decomposed as torch 2.1–2.4's dynamo exporter writes it."""
     if v.matmul == "plain":
@@ -134,17 +139,16 @@ def _matmul(b: Builder, v: Variant, x: str, y: str) -> str:
     if v.matmul == "tf2onnx_einsum":
         return _einsum_as_tf2onnx(b, x, y)
 
-    def part(shape: str, start: int, stop: int) -> str:
-        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
-
     folded = []
     for t in (x, y):
         shape = b.op("Shape", [t])
         wide = b.op("Expand", [t, shape])  # broadcasts the batch dims; here they already agree
-        target = b.op("Concat", [b.const(np.array([-1], np.int64)), part(shape, 2, 4)], axis=0)
+        target = b.op("Concat", [b.const(np.array([-1], np.int64)), _shape_part(b, shape, 2, 4)], axis=0)
         folded.append(b.op("Reshape", [wide, target]))
     product = b.op("MatMul", folded)
-    target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), part(b.op("Shape", [product]), 1, 3)], axis=0)
+    target = b.op(
+        "Concat", [_shape_part(b, b.op("Shape", [x]), 0, 2), _shape_part(b, b.op("Shape", [product]), 1, 3)], axis=0
+    )
     return b.op("Reshape", [product, target])
 
 
@@ -154,21 +158,18 @@ def _einsum_as_tf2onnx(b: Builder, x: str, y: str) -> str:
     batch entry is ``ReduceProd`` of its first two dims; the 3D product goes back to (B, N, S, T, 1) and is
     squeezed."""
 
-    def part(shape: str, start: int, stop: int) -> str:
-        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
-
     def folded(t: str, axis: int, perm: list[int] | None) -> str:
         wide = b.op("Unsqueeze", [t, b.const(np.array([axis], np.int64))])
         if perm is not None:
             wide = b.op("Transpose", [wide], perm=perm)
         shape = b.op("Shape", [wide])
-        batch = b.op("ReduceProd", [part(shape, 0, 2)], keepdims=1)
-        return b.op("Reshape", [wide, b.op("Concat", [batch, part(shape, 3, 5)], axis=0)])
+        batch = b.op("ReduceProd", [_shape_part(b, shape, 0, 2)], keepdims=1)
+        return b.op("Reshape", [wide, b.op("Concat", [batch, _shape_part(b, shape, 3, 5)], axis=0)])
 
     product = b.op("MatMul", [folded(x, 4, [0, 1, 4, 2, 3]), folded(y, 2, None)])
     unit = b.const(np.array([1], np.int64))
-    rows_cols = part(b.op("Shape", [product]), 1, 3)
-    target = b.op("Concat", [part(b.op("Shape", [x]), 0, 2), rows_cols, unit], axis=0)
+    rows_cols = _shape_part(b, b.op("Shape", [product]), 1, 3)
+    target = b.op("Concat", [_shape_part(b, b.op("Shape", [x]), 0, 2), rows_cols, unit], axis=0)
     return b.op("Squeeze", [b.op("Reshape", [product, target]), b.const(np.array([4], np.int64))])
 
 
@@ -178,22 +179,21 @@ def _grouped_einsum_as_tf2onnx(b: Builder, x: str, y: str, kv_heads: int, groups
     into the rows of a (B·K, G·S, ·) batch, one 3D MatMul against y folded to (B·K, ·, T), the product viewed
     back as (B, K, G, S, T, 1), squeezed, and its groups joined to (B, N, S, T)."""
 
-    def part(shape: str, start: int, stop: int) -> str:
-        return b.op("Slice", [shape, b.const(np.array([start], np.int64)), b.const(np.array([stop], np.int64))])
-
     shape_x, shape_y = b.op("Shape", [x]), b.op("Shape", [y])
     sizes = b.const(np.array([kv_heads, groups], np.int64), "groups")
-    grouped = b.op("Reshape", [x, b.op("Concat", [part(shape_x, 0, 1), sizes, part(shape_x, 2, 4)], axis=0)])
+    grouped = b.op(
+        "Reshape", [x, b.op("Concat", [_shape_part(b, shape_x, 0, 1), sizes, _shape_part(b, shape_x, 2, 4)], axis=0)]
+    )
     wide = b.op("Unsqueeze", [grouped, b.const(np.array([4], np.int64))])
     shape_wide = b.op("Shape", [wide])
-    batch = b.op("ReduceProd", [part(shape_wide, 0, 2)], keepdims=1)
-    rows = b.op("Concat", [batch, b.const(np.array([-1], np.int64)), part(shape_wide, 5, 6)], axis=0)
-    folded_y = b.op("Concat", [b.const(np.array([-1], np.int64)), part(shape_y, 2, 4)], axis=0)
+    batch = b.op("ReduceProd", [_shape_part(b, shape_wide, 0, 2)], keepdims=1)
+    rows = b.op("Concat", [batch, b.const(np.array([-1], np.int64)), _shape_part(b, shape_wide, 5, 6)], axis=0)
+    folded_y = b.op("Concat", [b.const(np.array([-1], np.int64)), _shape_part(b, shape_y, 2, 4)], axis=0)
     product = b.op("MatMul", [b.op("Reshape", [wide, rows]), b.op("Reshape", [y, folded_y])])
     unit = b.const(np.array([1], np.int64))
-    back = b.op("Concat", [part(b.op("Shape", [grouped]), 0, 4), part(shape_y, 3, 4), unit], axis=0)
+    back = b.op("Concat", [_shape_part(b, b.op("Shape", [grouped]), 0, 4), _shape_part(b, shape_y, 3, 4), unit], axis=0)
     per_group = b.op("Squeeze", [b.op("Reshape", [product, back]), b.const(np.array([5], np.int64))])
-    joined = b.op("Concat", [part(shape_x, 0, 3), part(shape_y, 3, 4)], axis=0)
+    joined = b.op("Concat", [_shape_part(b, shape_x, 0, 3), _shape_part(b, shape_y, 3, 4)], axis=0)
     return b.op("Reshape", [per_group, joined])
 
 
