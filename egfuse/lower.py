@@ -137,11 +137,7 @@ class Lowerer(LayoutTerms, PieceTerms):
         dst = self.facts.shape(node.outputs[0])
         if dst is None or any(d is None for d in dst):
             return term
-        chained = self._through_views(node, tuple(dst))
-        if chained is None or term is None:
-            return chained or term
-        self.table.commands.append(f"(union {term} {chained})")
-        return term
+        return self._one_class(term, self._through_views(node, tuple(dst)))
 
     def _negated_flag(self, value: ir.Value, to: int) -> str | None:
         """``Cast(Not(m), float)`` as ``1 − Cast(m, float)``: a select written as arithmetic on its flags

@@ -17,10 +17,7 @@ class GroupTerms(TermWriter):
         ``btkgh,bskh->bkgts`` as tf2onnx lowers it), each as the grouping of (B, N, T, X) heads it performs.
         The number of KV heads K and the group size G must be numbers: the terms name them. Unit dims can make
         two readings true (a unit axis is both a group of one and one group): every true one is stated."""
-        readings = [term for term in self._groupings(arg, src, dst) if term is not None]
-        for other in readings[1:]:
-            self.table.commands.append(f"(union {readings[0]} {other})")
-        return readings[0] if readings else None
+        return self._one_class(*self._groupings(arg, src, dst))
 
     def _groupings(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> Iterator[str]:
         """Each reading of the Reshape from ``src`` to ``dst`` as grouped heads that holds."""

@@ -186,10 +186,7 @@ class LayoutTerms(GroupTerms):
         repeated = self._repeat_heads(node, dst)
         if repeated is not None:
             return repeated
-        direct, chained = self._meaning(args[0], src, dst), self._through_views(node, dst)
-        if direct is not None and chained is not None and direct != chained:  # both true: one e-class
-            self.table.commands.append(f"(union {direct} {chained})")
-        return direct or chained or generic
+        return self._one_class(self._meaning(args[0], src, dst), self._through_views(node, dst)) or generic
 
     def _through_views(self, node: ir.Node, dst: tuple[Dim, ...]) -> str | None:
         """A chain of views (Reshape, Squeeze, Unsqueeze: each keeps the elements in row-major order) is one
@@ -251,10 +248,7 @@ class LayoutTerms(GroupTerms):
         """The layout change a reshape from ``src`` to ``dst`` performs, as a term on ``arg`` (None: none the
         rules know). Where a unit dim makes two readings true (one KV head: (B, 1, G, T, X) is both the batch
         split by 1 and the heads grouped by G), both are stated: one e-class."""
-        plain, grouped = self._plain_meaning(arg, src, dst), self._grouped(arg, src, dst)
-        if plain is not None and grouped is not None:
-            self.table.commands.append(f"(union {plain} {grouped})")
-        return plain or grouped
+        return self._one_class(self._plain_meaning(arg, src, dst), self._grouped(arg, src, dst))
 
     def _plain_meaning(self, arg: str, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> str | None:
         args = [arg]

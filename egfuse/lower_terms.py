@@ -74,6 +74,14 @@ class TermWriter:
     def _call(self, op: str, *args: str) -> str:
         return f"({self.n[op]} {' '.join(args)})" if args else f"({self.n[op]})"
 
+    def _one_class(self, *readings: str | None) -> str | None:
+        """Terms for one value that all hold (a Reshape read directly and through its chain of views, or two
+        readings a unit dim makes true), stated as one e-class; the first is the value's term."""
+        found = list(dict.fromkeys(r for r in readings if r is not None))
+        for other in found[1:]:
+            self.table.commands.append(f"(union {found[0]} {other})")
+        return found[0] if found else None
+
     def _leaf(self, value: ir.Value) -> str:
         i = self.table.id_of(value)
         term = self._call("value", str(i))

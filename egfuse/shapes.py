@@ -141,7 +141,8 @@ def _node_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         m, like = kids[0], kids[1]
         return (like[0], *m[2:]) if len(m) >= 2 and like else None
     if op in ("group_heads", "ungroup_heads", "fold_groups", "unfold_groups"):
-        return _grouped(op, kids[0], Dim.parse(a.groups), Dim.parse(a.kv_heads) if "fold" in op else None)
+        kv_heads = Dim.parse(a.kv_heads) if hasattr(a, "kv_heads") else None  # only the folds name K
+        return _grouped(op, kids[0], Dim.parse(a.groups), kv_heads)
     if op == "repeat_heads":
         return (kids[0][0], _mul(kids[0][1], Dim.parse(a.times)), *kids[0][2:]) if len(kids[0]) == 4 else None
     if op in ("scores", "probs"):
