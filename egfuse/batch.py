@@ -130,9 +130,10 @@ def _optimize_one(source: str, destination: str, options: Options) -> dict[str, 
     target: Any = options.target
     if options.profile:
         from egfuse.calibrate import apply_profile, load_profile
-        from egfuse.targets import get_target
+        from egfuse.targets import for_provider, get_target
 
-        target = apply_profile(get_target(options.target), load_profile(Path(options.profile)))
+        priced = for_provider(get_target(options.target), options.providers)  # as the CLI does for one model
+        target = apply_profile(priced, load_profile(Path(options.profile)))
     result = fuse(
         source,
         target=target,

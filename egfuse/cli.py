@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="onnxruntime execution provider the model will run on, in order (default CPUExecutionProvider): "
         "validation runs there when this onnxruntime has it, and the ort target's forms are priced for it "
-        "(CUDAExecutionProvider: costs measured on an H200)",
+        "(CUDAExecutionProvider: costs measured on an H100)",
     )
     check.add_argument(
         "--memory-budget",
@@ -194,8 +194,8 @@ def _optimize(args: argparse.Namespace) -> int:
     feeds = _load_feeds(args.feeds) if args.feeds else None
     if feeds is not None and args.no_validate:
         print(f"egfuse: warning: --feeds {args.feeds} is not used: --no-validate skips validation", file=sys.stderr)
-    target = _profiled(args.target, args.profile) if args.profile else args.target
     validation = Settings(args.atol, args.rtol, tuple(args.provider or DEFAULTS.providers))
+    target = _profiled(args.target, args.profile, validation.providers) if args.profile else args.target
     budget = None if args.memory_budget == 0 else int(args.memory_budget * 2**30)
     with progress.status_line(sys.stderr.isatty() and not args.quiet):
         result = fuse(
@@ -289,12 +289,14 @@ def _targets() -> int:
     return 0
 
 
-def _profiled(name: str, path: Path) -> object:
+def _profiled(name: str, path: Path, providers: tuple[str, ...]) -> object:
+    """The target as priced for the first provider it has a variant for (``--provider``: a CUDA profile refits
+    the CUDA variant, with the ops CUDA runs and its choices), refitted by the profile at ``path``."""
     from egfuse.calibrate import apply_profile, load_profile
-    from egfuse.targets import get_target
+    from egfuse.targets import for_provider, get_target
 
     try:
-        return apply_profile(get_target(name), load_profile(path))
+        return apply_profile(for_provider(get_target(name), providers), load_profile(path))
     except ValueError as err:
         raise EgfuseError(str(err).removeprefix(f"{path}: "), path=str(path)) from None
 

@@ -120,8 +120,8 @@ class CostModel:
         work = self._fused_work(node, op)
         if work is None:
             return None
-        params = self.spec.costs
-        return self._roofline(work, op.efficiency) + op.overhead_us + work.nodes * params.op_overhead_us
+        efficiency, overhead = op.speed(self.value_types)
+        return self._roofline(work, efficiency) + overhead + work.nodes * self.spec.costs.op_overhead_us
 
     def _takes(self, node: ENode, op: FusedOp) -> bool:
         """What an attention op refuses: a scale it cannot express, a soft cap it lacks, a broadcast batch."""
@@ -130,7 +130,17 @@ class CostModel:
             return False
         if not op.softcap and not packed and float(a.cap) != 0.0:
             return False
+        if node.op == "mha_kv4" and self._head_sizes_differ(a.k, a.v):
+            return False
         return packed or op.broadcasts_batch or not self._batch_broadcast(node)
+
+    def _head_sizes_differ(self, k: EClass, v: EClass) -> bool:
+        """MultiHeadAttention takes (B, N, T, H) keys and values of one shape: LeViT's keys are narrower than its
+        values (onnxruntime refuses the op at run time: "shall have same shape")."""
+        keys, values = self._shapes.get(k), self._shapes.get(v)
+        if not keys or not values or keys[-1] is None or values[-1] is None:
+            return False
+        return keys[-1].static is not None and values[-1].static is not None and keys[-1] != values[-1]
 
     def _batch_broadcast(self, node: ENode) -> bool:
         """K or V of batch 1 (with Q's rank, or 4D beside a 3D query) where the query's batch may be more:

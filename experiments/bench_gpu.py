@@ -182,7 +182,8 @@ def optimize(tool: str, source: Path, kind: str, out: Path, shapes: tuple | None
         return json.loads(out.with_suffix(".json").read_text())
     hidden, heads, _, _ = shapes or SHAPES[kind]
     cmd = [sys.executable, str(HERE / "optimize_worker.py"), tool, str(source), "--out", str(out), "--heads",
-           str(heads), "--hidden", str(hidden), "--model-type", MODEL_TYPE.get(kind, "bert"), "--gpu"]  # fmt: skip
+           str(heads), "--hidden", str(hidden), "--model-type", MODEL_TYPE.get(kind, "bert"), "--gpu",
+           "--profile-dir", str(PROFILES)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     record = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr.strip()[-300:]}
@@ -236,8 +237,9 @@ def prepare_rows(log=print) -> list[dict]:
             source = export(kind, batch, seq, 18, FULL / name / "original.onnx", dtype=dtype)
             variants = {ORIGINAL: source}
             records = {}
-            for tool in TOOLS if dtype == "float16" else BF16_TOOLS:
-                out = FULL / name / f"{tool.replace(':', '_')}.onnx"
+            model = kind if dtype == "float16" else f"{kind}_bf16"
+            for tool in (TOOLS if dtype == "float16" else BF16_TOOLS) + PROBE_TOOLS.get(model, []):
+                out = FULL / name / f"{tool.replace(':', '_').replace('+', '_')}.onnx"
                 records[tool] = optimize(tool, source, kind, out)
                 log(f"{name} {tool}: {_summary(records[tool])}")
                 if records[tool].get("ok"):
@@ -282,8 +284,9 @@ def prepare_checks(log=print) -> list[dict]:
         feeds["attention_mask"][1, : seq // 3] = 0  # left padding
         source = export(kind, batch, seq, 18, CARRY / name / "original.onnx", shapes=shapes, dtype=dtype)
         variants = {ORIGINAL: f"{name}/original.onnx"}
-        for tool in TOOLS if dtype == "float16" else BF16_TOOLS:
-            out = CARRY / name / f"{tool.replace(':', '_')}.onnx"
+        model = kind if dtype == "float16" else f"{kind}_bf16"
+        for tool in (TOOLS if dtype == "float16" else BF16_TOOLS) + PROBE_TOOLS.get(model, []):
+            out = CARRY / name / f"{tool.replace(':', '_').replace('+', '_')}.onnx"
             record = optimize(tool, source, kind, out, shapes)
             log(f"{name} {tool}: {_summary(record)}")
             if record.get("ok"):
@@ -310,6 +313,103 @@ CALIBRATION = [  # name, variant, sizes: float16 blocks at the sizes GPUs run
     ("gqa decode B=1 past=4096", {"kv_heads": 4, "past": True}, {"batch": 1, "seq": 1, "past_seq": 4095}),
 ]
 CALIBRATION_WIDTH = {"heads": 16, "head_dim": 64, "k_layout": "transpose_0132", "dtype": "float16"}
+BF16_CALIBRATION = ("encoder B=8 S=512", "gqa B=8 S=512", "gqa decode B=8 past=1024")
+"""Cases also timed in bfloat16 (named ``… bf16``): the same forms with every float16 tensor inside made
+bfloat16 (:func:`as_bfloat16`), fitted as ``form@bfloat16`` — CUDA's kernels are not equally fast in both
+types, and a form that does not load in bfloat16 is measured as not running."""
+
+_SLOW = {"efficiency": 0.01, "overhead_us": 1000.0}
+PROBES: dict[str, dict] = {
+    "unfused": {"ops": {f: _SLOW for f in ("attend", "attend_z", "mha", "mha_kv4", "gqa", "packed_attention")}},
+    "attend": {
+        "keep_unfused": False,
+        "ops": {f: _SLOW for f in ("mha", "mha_kv4", "mha@bfloat16", "mha_kv4@bfloat16", "packed_attention@bfloat16")},
+    },
+}
+"""Choices the profile did not make, timed beside the one it made (``egfuse:ort:cuda+NAME``: the CUDA-priced
+target refitted by NAME's entries): attention kept as written (what the profile chose for a decode step before
+a cached step's K could be read as (B, N, T, H)), and attention as the standard op instead of the contrib ones.
+They are probes, kept out of the verdict. (An earlier run's probes, results/latency_gpu_bf16_probe_raw.json:
+the bfloat16 BERT ran at 0.611 of the export with MultiHeadAttention, 0.585 with packed-QKV Attention and 0.379
+with packed Attention and BiasGelu, which CUDA runs in bfloat16 too.)"""
+PROBE_TOOLS = {
+    "llama_decode": ["egfuse:ort:cuda+unfused", "egfuse:ort:cuda+attend"],
+    "bert_bf16": ["egfuse:ort:cuda+attend"],
+    "llama_bf16": ["egfuse:ort:cuda+attend"],
+}
+PROFILES = CORPUS / "profiles"
+
+
+def write_probe_profiles() -> None:
+    PROFILES.mkdir(parents=True, exist_ok=True)
+    for name, entries in PROBES.items():
+        (PROFILES / f"{name}.json").write_text(json.dumps({"version": 1, "target": "ort", **entries}, indent=1))
+
+
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 bit patterns, rounded to nearest even (numpy has no bfloat16)."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _as_bfloat16_tensor(tensor) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(tensor).astype(np.float32)
+    tensor.ClearField("raw_data")
+    tensor.ClearField("int32_data")
+    tensor.data_type = onnx.TensorProto.BFLOAT16
+    tensor.raw_data = _bfloat16_bits(values).tobytes()
+
+
+def as_bfloat16(model):
+    """``model`` computing in bfloat16 wherever it computed in float16: float16 weights, constants and casts
+    become bfloat16; its float16 inputs and outputs stay float16 (onnxruntime's Python API binds no bfloat16
+    array), cast at the edges."""
+    import onnx
+    from onnx import helper
+
+    f16, bf16 = onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    for tensor in graph.initializer:
+        if tensor.data_type == f16:
+            _as_bfloat16_tensor(tensor)
+    filled = []  # ConstantOfShape takes bfloat16 from opset 20 only: its float16 fill is cast after it
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "ConstantOfShape" and attr.t.data_type == f16:
+                filled.append(helper.make_node("Cast", [node.output[0] + "_f16"], [node.output[0]], to=bf16))
+                node.output[0] += "_f16"
+            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == f16:
+                _as_bfloat16_tensor(attr.t)
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == f16:
+                attr.i = bf16
+    del graph.value_info[:]
+    renamed = {}
+    entry = []
+    for value in graph.input:
+        if value.type.tensor_type.elem_type == f16:
+            renamed[value.name] = value.name + "_bf16"
+            entry.append(helper.make_node("Cast", [value.name], [renamed[value.name]], to=bf16))
+    for node in graph.node:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+    exits = []
+    for value in graph.output:
+        if value.type.tensor_type.elem_type == f16:
+            inner = value.name + "_bf16"
+            for node in graph.node:  # its producer and any node that reads it inside
+                node.output[:] = [inner if o == value.name else o for o in node.output]
+                node.input[:] = [inner if i == value.name else i for i in node.input]
+            exits.append(helper.make_node("Cast", [inner], [value.name], to=f16))
+    nodes = entry + list(graph.node) + exits
+    for cast in filled:  # right after its ConstantOfShape
+        at = next(i for i, n in enumerate(nodes) if cast.input[0] in n.output)
+        nodes.insert(at + 1, cast)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
 
 
 def prepare_calibration(log=print) -> list[dict]:
@@ -341,10 +441,20 @@ def prepare_calibration(log=print) -> list[dict]:
             inputs[key] = {"shape": list(array.shape), "dtype": str(array.dtype), "kind": kind}
         cases.append({"case": name, "inputs": inputs, "variants": forms, "candidates": candidates})
         log(f"calibration {name}: {sorted(forms)}")
+        if name in BF16_CALIBRATION:  # the same forms in bfloat16: a case named after its float16 twin
+            twin = {}
+            for form, rel in forms.items():
+                full = CORPUS / "full" / rel.replace(".onnx", "_bf16.onnx")
+                onnx.save(as_bfloat16(onnx.load(str(CORPUS / "full" / rel))), str(full))
+                strip(full, CARRY / rel.replace(".onnx", "_bf16.onnx"))
+                twin[form] = rel.replace(".onnx", "_bf16.onnx")
+            cases.append({"case": name + BF16_SUFFIX, "inputs": inputs, "variants": twin, "candidates": candidates})
+            log(f"calibration {name}{BF16_SUFFIX}: {sorted(twin)}")
     return cases
 
 
 def prepare(args) -> int:
+    write_probe_profiles()
     calibration = prepare_calibration() if args.calibration else []
     manifest = {"egfuse": source_fingerprint(), "rows": prepare_rows(), "checks": prepare_checks(),
                 "calibration": calibration}  # fmt: skip
@@ -367,7 +477,7 @@ def ratios_of(raw: dict) -> tuple[dict, dict]:
             continue
         r = {tool: round(ms / base, 3) for tool, ms in row["median_ms"].items() if tool != ORIGINAL}
         ratios.setdefault(row["model"], {})[str(row["seq"])] = r
-        ours = {k: v for k, v in r.items() if k.startswith("egfuse")}
+        ours = {k: v for k, v in r.items() if k.startswith("egfuse") and "+" not in k}  # probes: not a choice
         others = {k: v for k, v in r.items() if not k.startswith("egfuse")}
         if ours and others:
             best, rival = min(ours, key=ours.get), min(others, key=others.get)
@@ -379,7 +489,8 @@ def ratios_of(raw: dict) -> tuple[dict, dict]:
 
 
 def fit_profile(raw: dict, manifest: dict) -> dict | None:
-    """The ``ort`` target's CUDA profile: :func:`egfuse.calibrate.fit` over the blocks timed on the GPU."""
+    """The ``ort`` target's CUDA profile: :func:`egfuse.calibrate.fit` over the float16 blocks timed on the GPU,
+    and for each form also timed in bfloat16 an entry ``form@bfloat16`` (:func:`typed_entries`)."""
     import onnx
 
     from egfuse import calibrate
@@ -388,6 +499,8 @@ def fit_profile(raw: dict, manifest: dict) -> dict | None:
     measured = {c["case"]: c["median_ms"] for c in raw.get("calibration", [])}
     calibration = calibrate.Calibration("ort")
     for case in manifest.get("calibration", []):
+        if case["case"].endswith(BF16_SUFFIX):
+            continue
         times = measured.get(case["case"], {})
         for c in case["candidates"]:
             if c["form"] in times and c.get("cost_us") is not None:
@@ -400,11 +513,38 @@ def fit_profile(raw: dict, manifest: dict) -> dict | None:
     if not calibration.rows:
         return None
     profile = calibrate.fit(UNCALIBRATED, calibration)
+    profile["ops"].update(typed_entries(measured, profile["ops"]))
     profile.update(onnxruntime=raw["onnxruntime"], machine=raw["device"], provider="CUDAExecutionProvider")
     profile["measured_us"] = {
         case: {form: round(ms * 1000, 1) for form, ms in times.items()} for case, times in measured.items()
     }
     return profile
+
+
+BF16_SUFFIX = " bf16"
+
+
+def typed_entries(measured: dict, ops: dict) -> dict:
+    """``form@bfloat16`` for each form timed in bfloat16: its float16 efficiency times the geometric mean, over the
+    blocks timed in both types, of its float16 time over its bfloat16 time (a handful of blocks, too few to fit
+    a throughput and an overhead of their own; the ratio keeps the forms' order as measured). A form that did
+    not load in bfloat16 gets no entry: the ``ort`` target then writes it in bfloat16 only if
+    ``CUDA_BFLOAT16`` says it was seen to run."""
+    ratios: dict[str, list[float]] = {}
+    for case, times in measured.items():
+        if not case.endswith(BF16_SUFFIX) or case.removesuffix(BF16_SUFFIX) not in measured:
+            continue
+        half = measured[case.removesuffix(BF16_SUFFIX)]
+        for form, ms in times.items():
+            if form != "unfused" and form in half and form in ops and ms > 0:
+                ratios.setdefault(form, []).append(half[form] / ms)
+    return {
+        f"{form}@bfloat16": {
+            "efficiency": round(ops[form]["efficiency"] * float(np.exp(np.mean(np.log(r)))), 4),
+            "overhead_us": ops[form]["overhead_us"],
+        }
+        for form, r in sorted(ratios.items())
+    }
 
 
 COLUMNS = ["onnxscript", "ort", TORCH23, "egfuse:ort", "egfuse:onnx", "egfuse:ort:keep-opset", "egfuse:ort:cuda"]
@@ -438,6 +578,29 @@ def markdown(result: dict) -> str:
         "",
         ratio_table(result).rstrip(),
         "",
+    ]
+    probes = [
+        (row, tool, r)
+        for row in result["rows"]
+        for r in [result["ratios"].get(row["model"], {}).get(str(row["seq"]), {})]
+        for tool in sorted(r)
+        if "+" in tool
+    ]
+    if probes:
+        lines += [
+            "",
+            "Probes: choices the CUDA profile did not make (`egfuse:ort:cuda+NAME`, the CUDA-priced target "
+            "refitted by `PROBES[NAME]` in bench_gpu.py), timed beside the one it made (ratios to the unfused "
+            "export).",
+            "",
+            "| model | batch | seq | probe | probe's ratio | egfuse:ort:cuda | egfuse:onnx |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row, tool, r in probes:
+            cells = [f"{r[c]:.3f}" if c in r else "—" for c in (tool, "egfuse:ort:cuda", "egfuse:onnx")]
+            head = f"| {row['model']} | {row['batch']} | {row['seq']} | {tool.split('+')[1]} | "
+            lines.append(head + " | ".join(cells) + " |")
+    lines += [
         "",
         "Correctness on CUDA (small float16 and bfloat16 models with their weights, padded masks): largest "
         "difference from the unfused model on CUDA over the positions the mask keeps (CUDA vs CPU: — where "

@@ -5,9 +5,10 @@ It needs numpy, onnx and onnxruntime-gpu only (the GPU machine has no egglog): e
 travels without its weights (``__random__`` external data, filled with small random values there: latency does
 not depend on them). Sessions use onnxruntime's default options with the CUDA provider; inputs and outputs stay
 on the device (IOBinding); the variants of a row are interleaved in blocks of five runs after an untimed one, the
-order rotated every round, until the row has taken ``--seconds`` and at least ``--rounds`` rounds. Small models
-that kept their weights are run once on CUDA for the correctness table. Results are written after every row, so
-a run cut short by its time limit still returns what it measured.
+order rotated every round, until the row has taken ``--seconds`` and at least ``--rounds`` rounds (the
+calibration blocks first, 2 seconds each). Small models that kept their weights are run once on CUDA for the
+correctness table. Results are written after every row, so a run cut short by its time limit still returns what
+it measured.
 
     python experiments/gpu_timer.py experiments/corpus/gpu/carry "$OUT" [--seconds 15] [--budget 330]
 """
@@ -200,6 +201,37 @@ def probe_mask_types() -> dict:
     return out
 
 
+def probe_bfloat16_kernels() -> dict:
+    """Which of the ops egfuse writes load and run in bfloat16 on CUDA (a node without a CUDA kernel falls back to
+    the CPU provider, which has none in bfloat16 either: the session fails)."""
+    from onnx import TensorProto, helper
+
+    x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
+    w = np.ones(64, np.float32)
+    ops = {
+        "com.microsoft.Gelu": ("Gelu", "com.microsoft", ["x"], {}),
+        "com.microsoft.BiasGelu": ("BiasGelu", "com.microsoft", ["x", "w"], {}),
+        "com.microsoft.SkipLayerNormalization": ("SkipLayerNormalization", "com.microsoft", ["x", "x", "w", "w"], {}),
+        "Gelu (opset 20)": ("Gelu", "", ["x"], {}),
+        "LayerNormalization": ("LayerNormalization", "", ["x", "w", "w"], {"axis": -1}),
+    }
+    out: dict = {}
+    for name, (op, domain, args, attrs) in ops.items():
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "w")]
+        nodes = [helper.make_node("Cast", [n], [n + "_h"], to=TensorProto.BFLOAT16) for n in ("x", "w")]
+        nodes.append(helper.make_node(op, [a + "_h" for a in args], ["y_h"], domain=domain, **attrs))
+        nodes.append(helper.make_node("Cast", ["y_h"], ["y"], to=TensorProto.FLOAT))
+        graph = helper.make_graph(nodes, "probe", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        imports = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+        model = helper.make_model(graph, opset_imports=imports, ir_version=10)
+        try:
+            cuda_session(model.SerializeToString()).run(None, {"x": x, "w": w})
+            out[name] = {"runs": True}
+        except Exception as err:
+            out[name] = {"runs": False, "error": str(err).strip().splitlines()[-1][:200]}
+    return out
+
+
 def device_name() -> str:
     try:
         query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
@@ -216,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--budget", type=float, default=330.0, help="stop starting new rows after this long")
     parser.add_argument("--provider", default="CUDAExecutionProvider", help="CPUExecutionProvider: a dry run here")
-    parser.add_argument("--only", nargs="+", help="time only these rows and checks (model or check names)")
+    parser.add_argument("--only", nargs="+", help="time only these rows, checks and calibration cases (their names)")
     args = parser.parse_args(argv)
     global PROVIDER, DEVICE
     PROVIDER, DEVICE = args.provider, "cuda" if args.provider == "CUDAExecutionProvider" else "cpu"
@@ -228,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         manifest["rows"] = [r for r in manifest["rows"] if r["model"] in args.only]
         manifest["checks"] = [c for c in manifest.get("checks", []) if c["name"] in args.only]
+        manifest["calibration"] = [c for c in manifest.get("calibration", []) if c["case"] in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"device": device_name(), "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
               "seconds_per_row": args.seconds, "rows": [], "checks": [], "calibration": []}  # fmt: skip
@@ -241,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"{result['device']}, onnxruntime {result['onnxruntime']}, {result['providers']}")
     try:
-        result["probes"] = {"float32 mask beside half-precision Q/K/V": probe_mask_types()}
+        result["probes"] = {
+            "float32 mask beside half-precision Q/K/V": probe_mask_types(),
+            "bfloat16 kernels": probe_bfloat16_kernels(),
+        }
     except Exception as err:  # a probe is not the run
         result["probes"] = {"error": str(err)[:300]}
     log(f"probes: {result['probes']}")
@@ -254,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
             result["checks"].append({"name": check["name"], "error": reason, "max_abs_diff": {}, "errors": {}})
         log(f"check {check['name']}: {result['checks'][-1]}")
         save()
+    # the blocks the profile is fitted on first: a run cut short by its time limit loses rows, not the fit
+    for case in manifest.get("calibration", []):
+        if time.perf_counter() - began > args.budget:
+            break
+        timed = time_row({**case, "model": case["case"], "seq": 0, "batch": 0}, args.folder, 2.0, 3, log)
+        result["calibration"].append({"case": case["case"], "median_ms": timed["median_ms"], "errors": timed["errors"]})
+        log(f"calibration {case['case']}: {timed['median_ms']}")
+        save()
     for row in manifest["rows"]:
         if time.perf_counter() - began > args.budget:
             log(f"budget spent: {row['model']} S={row['seq']} not timed")
@@ -261,13 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{row['model']} B={row['batch']} S={row['seq']}")
         result["rows"].append(time_row(row, args.folder, args.seconds, args.rounds, log))
         log(f"  {result['rows'][-1]['median_ms']}")
-        save()
-    for case in manifest.get("calibration", []):
-        if time.perf_counter() - began > args.budget:
-            break
-        timed = time_row({**case, "model": case["case"], "seq": 0, "batch": 0}, args.folder, 2.0, 3, log)
-        result["calibration"].append({"case": case["case"], "median_ms": timed["median_ms"], "errors": timed["errors"]})
-        log(f"calibration {case['case']}: {timed['median_ms']}")
         save()
     save()
     return 0

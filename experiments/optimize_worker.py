@@ -7,7 +7,9 @@ hang is a row with its reason, not the end of the run, and peak RSS belongs to t
 
 TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, egfuse:ort:keep-opset (the
 model's opset kept: the ort target's contrib ops only), egfuse:ort:cuda (``--provider CUDAExecutionProvider``:
-forms priced by the CUDA profile; validated on CUDA where this onnxruntime has it), onnxscript, ort;
+forms priced by the CUDA profile; validated on CUDA where this onnxruntime has it), any of those with
+``+NAME`` (``--profile-dir``'s NAME.json refits the target as the CLI's ``--profile`` does: a choice timed
+before the profile that would make it is fitted), onnxscript, ort;
 ``--gpu``: onnxruntime's optimizer as a user fusing for CUDA calls it (``use_gpu=True``, ``opt_level=0``: its
 ONNX-level fusions, the CUDA session's own graph optimizations come on the GPU machine).
 """
@@ -47,19 +49,36 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run(tool: str, path: str, heads: int, hidden: int, model_type: str, out: str | None, gpu: bool = False):
+def run(
+    tool: str,
+    path: str,
+    heads: int,
+    hidden: int,
+    model_type: str,
+    out: str | None,
+    gpu: bool = False,
+    profile_dir: str | None = None,
+):
     # Imports first: the timed part is the optimizer's own work, from the file to the optimized model.
     if tool.startswith("egfuse"):
         import egfuse
 
+        tool, _, profile = tool.partition("+")
         parts = tool.split(":")
         start = time.perf_counter()
         from egfuse.validate import DEFAULTS, Settings
 
         providers = ("CUDAExecutionProvider",) if "cuda" in parts else DEFAULTS.providers
+        target: object = parts[1]
+        if profile:
+            from egfuse.calibrate import apply_profile, load_profile
+            from egfuse.targets import for_provider, get_target
+
+            chosen = for_provider(get_target(parts[1]), providers)
+            target = apply_profile(chosen, load_profile(Path(profile_dir or ".") / f"{profile}.json"))
         result = egfuse.fuse(
             path,
-            target=parts[1],
+            target=target,
             validate="novalidate" not in parts,
             raise_opset="keep-opset" not in parts,
             validation=Settings(providers=providers),
@@ -134,11 +153,14 @@ def main() -> int:
     parser.add_argument("--out")
     parser.add_argument("--check", help="feeds (.npz): also run original and optimized on onnxruntime CPU")
     parser.add_argument("--gpu", action="store_true", help="onnxruntime's optimizer as for CUDA (use_gpu=True)")
+    parser.add_argument("--profile-dir", help="where a tool's +NAME profile (NAME.json) is")
     args = parser.parse_args()
     record: dict = {"tool": args.tool, "model": args.model}
     try:
         out = args.out or (args.model + f".{args.tool.replace(':', '_')}.tmp.onnx" if args.check else None)
-        seconds, fused = run(args.tool, args.model, args.heads, args.hidden, args.model_type, out, args.gpu)
+        seconds, fused = run(
+            args.tool, args.model, args.heads, args.hidden, args.model_type, out, args.gpu, args.profile_dir
+        )
         record.update(ok=True, seconds=seconds, fused=fused)
         if args.check:
             record.update(check(args.model, out, args.check))

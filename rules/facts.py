@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rule, ruleset, set_
 
-from egfuse.lang import Tensor, finite, head_invariant, is_weight, rank_of, scalar_of
+from egfuse.lang import Tensor, dim_of, finite, head_invariant, is_weight, rank_of, scalar_of
 
 
 @ruleset
@@ -33,6 +33,9 @@ def rules(a: Tensor, b: Tensor, c: Tensor, d: Tensor, x: f64, y: f64, r: i64, p:
     yield rule(Tensor.mha_kv4(a, b, c, d, x, y, n)).then(set_(rank_of(Tensor.mha_kv4(a, b, c, d, x, y, n))).to(i64(3)))
     yield rule(Tensor.attend(a, b, c, d, x, y)).then(set_(rank_of(Tensor.attend(a, b, c, d, x, y))).to(i64(4)))
     yield rule(Tensor.merge_heads(a, n, h), rank_of(a) == r).then(set_(rank_of(Tensor.merge_heads(a, n, h))).to(r - 1))
+    # A batch split by N has N on its second axis: the heads of K where torch spells Kᵀ of a cached, repeated K as
+    # a (B·N, T, H) view transposed and split back (a decode step's keys, no graph value of their own).
+    yield rule(Tensor.split_lead(a, n)).then(set_(dim_of(Tensor.split_lead(a, n), i64(1))).to(n))
     # A weight reshaped by a meaning is still a weight (tf2onnx's 3D Einsum projection weights).
     yield rule(Tensor.merge_heads(a, n, h), is_weight(a)).then(is_weight(Tensor.merge_heads(a, n, h)))
     yield rule(Tensor.merge_lead(a, n), is_weight(a)).then(is_weight(Tensor.merge_lead(a, n)))

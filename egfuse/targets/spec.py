@@ -65,6 +65,10 @@ class FusedOp:
     """How much of the target's peak this op reaches (the cost model divides its work by it; calibrated)."""
     overhead_us: float = 0.0
     """Fixed time per call on top of the work (launch, layout copies inside the kernel), microseconds."""
+    per_dtype: tuple[tuple[str, float, float], ...] = ()
+    """(element type, efficiency, overhead_us) where a provider runs this op at another speed in that type: a
+    kernel without a fast path for bfloat16 is slower than in float16 at the same bytes and FLOPs (a profile's
+    ``"form@dtype"`` entries, measured; an entry also means the op ran in that type)."""
     mask_note: str = ""
     """What the report says when this op was written with a mask (how the kernel reads one differently)."""
     broadcasts_batch: bool = False
@@ -78,6 +82,13 @@ class FusedOp:
     @property
     def label(self) -> str:
         return f"{self.domain}.{self.op}" if self.domain else self.op
+
+    def speed(self, dtypes: frozenset[str] | set[str]) -> tuple[float, float]:
+        """(efficiency, overhead_us) for outputs of ``dtypes``: the measured entry of their one type, if any."""
+        for dtype, efficiency, overhead in self.per_dtype:
+            if set(dtypes) == {dtype}:
+                return efficiency, overhead
+        return self.efficiency, self.overhead_us
 
 
 LAYER_NORM = FusedOp("layer_norm", "LayerNormalization", "norm", opset=17)
@@ -163,22 +174,30 @@ class TargetSpec:
         if profile.get("target") != self.name:
             raise ValueError(f"the profile is for target {profile.get('target')!r}, not {self.name!r}")
         costs = CostParams(**profile["costs"]) if "costs" in profile else self.costs
-        fitted = dict(profile.get("ops", {}))
+        fitted = {k: v for k, v in profile.get("ops", {}).items() if "@" not in k}
+        typed: dict[str, list[tuple[str, float, float]]] = {}  # "mha@bfloat16": the op measured in that type
+        for key, values in profile.get("ops", {}).items():
+            if "@" in key:
+                form, dtype = key.split("@", 1)
+                typed.setdefault(form, []).append((dtype, float(values["efficiency"]), float(values["overhead_us"])))
         for op in self.ops:  # a form the profile did not time runs on the same kernel as one it did
-            if op.constructor not in fitted:
-                twin = next((o for o in self.ops if o.label == op.label and o.constructor in fitted), None)
-                if twin is not None:
-                    fitted[op.constructor] = fitted[twin.constructor]
+            for table in (fitted, typed):
+                if op.constructor not in table:
+                    twin = next((o for o in self.ops if o.label == op.label and o.constructor in table), None)
+                    if twin is not None:
+                        table[op.constructor] = table[twin.constructor]
 
         def fit(op: FusedOp) -> FusedOp:
-            return (
-                replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()})
-                if op.constructor in fitted
-                else op
-            )
+            if op.constructor in fitted:
+                op = replace(op, **{k: float(v) for k, v in fitted[op.constructor].items()})
+            measured = tuple(sorted(typed.get(op.constructor, ())))
+            if measured:
+                op = replace(op, per_dtype=measured, dtypes=op.dtypes | {d for d, _, _ in measured})
+            return op
 
         ops, fallbacks = tuple(fit(op) for op in self.ops), tuple(fit(op) for op in self.below_opset_ops)
-        return replace(self, costs=costs, ops=ops, below_opset_ops=fallbacks)
+        keep_unfused = bool(profile.get("keep_unfused", self.keep_unfused))
+        return replace(self, costs=costs, ops=ops, below_opset_ops=fallbacks, keep_unfused=keep_unfused)
 
     def below_opset(self, version: int) -> TargetSpec:
         """The target without the default-domain ops that need a newer opset than ``version`` (a model onnx's
