@@ -155,6 +155,23 @@ def test_the_cost_of_attention_grows_with_the_sequence():
     assert short is not None and long is not None and long > 10 * short
 
 
+def test_multi_head_attention_is_refused_where_keys_and_values_differ_in_head_size():
+    """onnxruntime's MultiHeadAttention takes (B, N, T, H) K and V of one shape and refuses LeViT's narrower keys
+    at run time ("shall have same shape"): the cost model does not offer it there."""
+    q, k, v, bias = (EClass(i) for i in range(4))
+    node = ENode.of("mha_kv4", (q, k, v, bias, 0.25, 0.0, "8"))
+    spec = get_target("ort")
+    for head_k, expected in ((16, None), (64, "a cost")):
+        shapes = {
+            q: (Dim(1), Dim(49), Dim(8 * 16)),
+            k: (Dim(1), Dim(8), Dim(49), Dim(head_k)),
+            v: (Dim(1), Dim(8), Dim(49), Dim(64)),
+            bias: (),
+        }
+        cost = CostModel(spec, shapes).time(node)
+        assert (cost is None) == (expected is None), (head_k, cost)
+
+
 def test_report_names_the_written_form_even_where_its_own_ops_were_priced_lower():
     """The ort target fuses wherever it can: a fused region whose own ops were predicted cheaper must not be
     reported as if the unfused form had been chosen."""
