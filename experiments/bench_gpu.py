@@ -228,6 +228,16 @@ def input_spec(kind: str, batch: int, seq: int) -> dict:
     return spec
 
 
+def tools_for(kind: str, dtype: str) -> list[str]:
+    """The tools a row or check of ``kind`` in ``dtype`` is written by, its probes last."""
+    model = kind if dtype == "float16" else f"{kind}_bf16"
+    return (TOOLS if dtype == "float16" else BF16_TOOLS) + PROBE_TOOLS.get(model, [])
+
+
+def variant_file(tool: str) -> str:
+    return f"{tool.replace(':', '_').replace('+', '_')}.onnx"
+
+
 def prepare_rows(log=print) -> list[dict]:
     rows, made = [], {}
     every = [(*row, "float16") for row in ROWS] + [(*row, "bfloat16") for row in BF16_ROWS]
@@ -237,9 +247,8 @@ def prepare_rows(log=print) -> list[dict]:
             source = export(kind, batch, seq, 18, FULL / name / "original.onnx", dtype=dtype)
             variants = {ORIGINAL: source}
             records = {}
-            model = kind if dtype == "float16" else f"{kind}_bf16"
-            for tool in (TOOLS if dtype == "float16" else BF16_TOOLS) + PROBE_TOOLS.get(model, []):
-                out = FULL / name / f"{tool.replace(':', '_').replace('+', '_')}.onnx"
+            for tool in tools_for(kind, dtype):
+                out = FULL / name / variant_file(tool)
                 records[tool] = optimize(tool, source, kind, out)
                 log(f"{name} {tool}: {_summary(records[tool])}")
                 if records[tool].get("ok"):
@@ -284,9 +293,8 @@ def prepare_checks(log=print) -> list[dict]:
         feeds["attention_mask"][1, : seq // 3] = 0  # left padding
         source = export(kind, batch, seq, 18, CARRY / name / "original.onnx", shapes=shapes, dtype=dtype)
         variants = {ORIGINAL: f"{name}/original.onnx"}
-        model = kind if dtype == "float16" else f"{kind}_bf16"
-        for tool in (TOOLS if dtype == "float16" else BF16_TOOLS) + PROBE_TOOLS.get(model, []):
-            out = CARRY / name / f"{tool.replace(':', '_').replace('+', '_')}.onnx"
+        for tool in tools_for(kind, dtype):
+            out = CARRY / name / variant_file(tool)
             record = optimize(tool, source, kind, out, shapes)
             log(f"{name} {tool}: {_summary(record)}")
             if record.get("ok"):
@@ -314,6 +322,7 @@ CALIBRATION = [  # name, variant, sizes: float16 blocks at the sizes GPUs run
 ]
 CALIBRATION_WIDTH = {"heads": 16, "head_dim": 64, "k_layout": "transpose_0132", "dtype": "float16"}
 BF16_CALIBRATION = ("encoder B=8 S=512", "gqa B=8 S=512", "gqa decode B=8 past=1024")
+BF16_SUFFIX = " bf16"
 """Cases also timed in bfloat16 (named ``… bf16``): the same forms with every float16 tensor inside made
 bfloat16 (:func:`as_bfloat16`), fitted as ``form@bfloat16`` — CUDA's kernels are not equally fast in both
 types, and a form that does not load in bfloat16 is measured as not running."""
@@ -341,9 +350,12 @@ PROFILES = CORPUS / "profiles"
 
 
 def write_probe_profiles() -> None:
+    from egfuse import calibrate
+
     PROFILES.mkdir(parents=True, exist_ok=True)
     for name, entries in PROBES.items():
-        (PROFILES / f"{name}.json").write_text(json.dumps({"version": 1, "target": "ort", **entries}, indent=1))
+        profile = {"version": calibrate.PROFILE_VERSION, "target": "ort", **entries}
+        (PROFILES / f"{name}.json").write_text(json.dumps(profile, indent=1))
 
 
 def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
@@ -444,10 +456,10 @@ def prepare_calibration(log=print) -> list[dict]:
         if name in BF16_CALIBRATION:  # the same forms in bfloat16: a case named after its float16 twin
             twin = {}
             for form, rel in forms.items():
-                full = CORPUS / "full" / rel.replace(".onnx", "_bf16.onnx")
-                onnx.save(as_bfloat16(onnx.load(str(CORPUS / "full" / rel))), str(full))
-                strip(full, CARRY / rel.replace(".onnx", "_bf16.onnx"))
                 twin[form] = rel.replace(".onnx", "_bf16.onnx")
+                full = CORPUS / "full" / twin[form]
+                onnx.save(as_bfloat16(onnx.load(str(CORPUS / "full" / rel))), str(full))
+                strip(full, CARRY / twin[form])
             cases.append({"case": name + BF16_SUFFIX, "inputs": inputs, "variants": twin, "candidates": candidates})
             log(f"calibration {name}{BF16_SUFFIX}: {sorted(twin)}")
     return cases
@@ -519,9 +531,6 @@ def fit_profile(raw: dict, manifest: dict) -> dict | None:
         case: {form: round(ms * 1000, 1) for form, ms in times.items()} for case, times in measured.items()
     }
     return profile
-
-
-BF16_SUFFIX = " bf16"
 
 
 def typed_entries(measured: dict, ops: dict) -> dict:
