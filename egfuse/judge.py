@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from egfuse import inputs, memory, progress, protos, runner, validate
+from egfuse import fill_reach, inputs, memory, progress, protos, runner, validate
 from egfuse.report import RegionReport, Report, RotaryReport
 from egfuse.search import RegionKey
 
@@ -110,6 +110,8 @@ def _judge(
                 if key not in failing:
                     failing[key] = (f"outputs differ from the original by {diff:.3g} on {label} feeds", diff)
             cmps.extend(more["outputs"])
+    for key, why in fill_reach.reached(original, data, entries, weights).items():
+        failing.setdefault(key, why)
     report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
     report.validated = all(c.ok for c in cmps) and not failing
     if not report.validated and not failing:  # outputs off but nothing singled out: roll back all

@@ -68,6 +68,9 @@ class Emitter(MaskWriter):
         self.fill_scales: dict[EClass, float] = {}
         """Power-of-two factors for finite select fills, so they absorb the scores (see
         :meth:`~egfuse.raise_masks.MaskWriter.mark_exact_fills`)."""
+        self.assumed_fills: list[float] = []
+        """Finite select fills written scaled to absorb the scores: the fused op equals the graph while the
+        scores keep clear of them, which validation checks (:mod:`egfuse.fill_reach`)."""
         self.wide_memo: dict[EClass, ir.Value] = {}
         """Masks written in float32 for a half-precision softmax (:meth:`~egfuse.raise_masks.MaskWriter.wide_value`)."""
         self.exact_fills: set[EClass] = set()

@@ -43,6 +43,7 @@ class MaskWriter(NodeBuilder):
     facts: GraphFacts
     exact_fills: set[EClass]
     fill_scales: dict[EClass, float]
+    assumed_fills: list[float]
     wide_memo: dict[EClass, ir.Value]
 
     def value(self, cid: EClass) -> ir.Value:
@@ -86,7 +87,10 @@ class MaskWriter(NodeBuilder):
         """The number a select fill ``cid`` is written as in ``dtype``: the graph's own where the mask holds
         other terms (:meth:`mark_exact_fills`), else :func:`mask_fill`'s, times its absorbing factor."""
         scale = self.fill_scales.get(cid, 1.0)
-        return fill if scale == 1.0 and cid in self.exact_fills else mask_fill(fill, dtype, scale)
+        number = fill if scale == 1.0 and cid in self.exact_fills else mask_fill(fill, dtype, scale)
+        if number != fill and scalable(fill):  # written as absorbing: the fused op assumes it hides its keys
+            self.assumed_fills.append(fill)
+        return number
 
     def wide_value(self, cid: EClass) -> ir.Value:
         """The mask ``cid`` computed in float32: its select fills written as float32 numbers (times the factor
@@ -135,35 +139,29 @@ class MaskWriter(NodeBuilder):
     def widens_for_half(self, cid: EClass) -> bool:
         """Whether a float16 fused op that adds its mask to float32 scores (the standard ``Attention``, whose mask
         type is free) must get the mask ``cid`` in float32 (:meth:`wide_value`) to compute what the graph did:
-        it holds a select's absorbing fill (:meth:`_absorbing_select_fill`: the graph replaced the masked scores
-        by it, so a query row whose every key it hides is uniform however large the scores, which an additive
-        float16 fill keeps for no kernel that adds in float32 — |S| > 16 against float16's finfo.min), a clamp
-        at finfo.min (:meth:`clamps_at_lowest`), or a sum that may leave float16's range
-        (:meth:`sum_may_overflow`) — and no finite select fill. A finite select fill (−1e4) hides only scores
-        well above it: on scores below it the select and any additive mask differ in every row, widened or not,
-        so a mask holding one stays as it is (validation judges it; widening it, which scales the fill to absorb
-        the scores, moved the difference to where fewer feeds see it)."""
-        absorbing, finite = self._select_fills(cid)
-        if finite:
-            return False
-        limit = float(np.finfo(np.float16).max)
-        return absorbing or self.clamps_at_lowest(cid) or self.sum_may_overflow(cid, limit)
+        it holds a select fill (the graph replaced the masked scores by it, so a query row whose every key it
+        hides is uniform however large the scores, which an additive float16 fill keeps for no kernel that adds
+        in float32: |S| > 16 against float16's finfo.min, |S| > 4 against −1e4), a clamp at finfo.min
+        (:meth:`clamps_at_lowest`), or a sum that may leave float16's range (:meth:`sum_may_overflow`).
 
-    def _select_fills(self, cid: EClass) -> tuple[bool, bool]:
-        """Whether the mask ``cid`` holds an absorbing select fill, and whether it holds a finite one."""
-        absorbing = finite = False
+        A finite select fill (−1e4) is written scaled until it absorbs the scores, as in a float32 model
+        (:meth:`_scale_finite_fills`): exact on a fully masked row, and on every other row while one of its
+        kept keys scores well above the fill. Below that the graph's select hands the row to the masked keys,
+        which no additive mask does; the fill is recorded (``assumed_fills``) and validation checks that the
+        scores its feeds make keep clear of it (:mod:`egfuse.fill_reach`)."""
+        limit = float(np.finfo(np.float16).max)
+        return self._holds_select_fill(cid) or self.clamps_at_lowest(cid) or self.sum_may_overflow(cid, limit)
+
+    def _holds_select_fill(self, cid: EClass) -> bool:
+        """Whether the mask ``cid`` holds a select fill (a ``full_like`` branch of a select at or below −1e4)."""
         for node in self._mask_terms(cid):
             if node.op != "where":
                 continue
             for branch in (view(node).a, view(node).b):
                 branch_node = self.choice[branch].node
-                if branch_node.op != "full_like" or float(view(branch_node).fill) > MASK_FILL_MAX:
-                    continue  # a value, or the 0 of an additive mask's unmasked entries: not a fill
-                if self._absorbing_select_fill(branch):
-                    absorbing = True
-                else:
-                    finite = True
-        return absorbing, finite
+                if branch_node.op == "full_like" and float(view(branch_node).fill) <= MASK_FILL_MAX:
+                    return True  # not a value, nor the 0 of an additive mask's unmasked entries
+        return False
 
     def _mask_terms(self, cid: EClass) -> Iterator[ENode]:
         """The chosen nodes of the mask ``cid``, each once: through selects' branches (a condition is no mask
@@ -247,17 +245,6 @@ class MaskWriter(NodeBuilder):
             return float(view(node).fill) in _HALF_LOWEST
         array = self._half_constant(cid)
         return array is not None and bool((array == float_info(array.dtype).min).any())
-
-    def _absorbing_select_fill(self, cid: EClass) -> bool:
-        """A select fill that hides every score it stands for whatever their size: −inf, or a fill at the end of
-        a half type's range (or past −1e30). A finite fill like −1e4 hides only scores well above it — on
-        scores below it the graph's select and any additive mask differ in every row, so widening it would only
-        make the two differ elsewhere: such masks stay as they are (and validation judges them)."""
-        node = self.choice[cid].node
-        if node.op != "full_like":
-            return False
-        fill = float(view(node).fill)
-        return fill == float("-inf") or fill in _HALF_LOWEST or fill <= ABSORBING_FILL
 
     def mark_exact_fills(self, cid: EClass) -> None:
         """Note the select fills of the mask ``cid`` to write exactly: all of them, unless the mask is made of

@@ -24,6 +24,9 @@ class RegionReport:
     candidates: list[dict] = field(default_factory=list)
     """The fused forms its e-class held, each with the op the target writes for it and the predicted cost (µs)
     of the region written with it, cheapest first: the extraction's choice, explained."""
+    assumed_fill: float | None = None
+    """A finite select fill (−1e4) the fused op's mask writes as absorbing: equal to the graph while every
+    query row keeps a key scoring well above it, which validation checks (:mod:`egfuse.fill_reach`)."""
     certificate: dict | None = None
     """For a fused region, the rule applications that put its form into its output's class, per saturation
     iteration (:class:`egfuse.certify.Certificate`): with ``max_abs_diff``, the region's proof."""

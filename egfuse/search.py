@@ -266,6 +266,12 @@ def _search(
         opsets.update((op.domain, op.opset) for op in written)
         if emitter.cache_note is not None:
             entry.variants["kv cache"] = emitter.cache_note
+        if emitter.assumed_fills:
+            entry.assumed_fill = max(emitter.assumed_fills)  # the one the scores reach first
+            entry.notes.append(
+                f"the select fill {entry.assumed_fill:g} is written to absorb the scores: the fused op equals the "
+                "graph while each row keeps a key scoring above it (checked on validation's feeds)"
+            )
         if (
             written[0].mask_note
             and view(fused_ops[0]).bias not in no_bias_classes

@@ -51,7 +51,18 @@ def standard(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
         args = [*inputs, mask, cache.past_key, cache.past_value]
     else:
         args = [*inputs, mask] if mask is not None else inputs
-    return e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+    out = e.with_cache(op.op, args, attrs, op.domain, inputs[0], cache)
+    if node.op == "attend_z" and e.float_dtype(inputs[0]) == np.float16:
+        out = _guarded(e, out)
+    return out
+
+
+def _guarded(e: Emitter, out: ir.Value) -> ir.Value:
+    """The graph's NaN guard kept after the op, for float16: the op gives 0 for a row its mask hides with −inf,
+    as the guard does, but scores past float16's range (a kernel that computes them in float16, as
+    onnxruntime's CPU does) make a NaN row the graph's guard turned into 0."""
+    zero = e.const(np.array(0.0, np.float16), "zero")
+    return e.node("Where", [e.node("IsNaN", [out]), zero, out], like=out)
 
 
 def _is_half(dtype: np.dtype) -> bool:

@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 import egfuse
+from egfuse import fill_reach
 from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 
 SELECTS = [
@@ -103,10 +104,78 @@ def test_a_float16_mask_whose_terms_may_overflow_goes_in_float32(variant):
         assert disagreements(model, result.model, feeds) == [], seed
 
 
-def test_a_finite_select_fill_is_not_widened_with_an_overflowing_sum():
-    """Widening scales a finite fill (−1e4) until it absorbs every score; on scores below the fill the select
-    and that mask differ in every row, so a mask holding one stays float16 and validation judges it."""
-    variant = Variant(mask="where_reversed", causal="trilu", dtype="float16", heads=2, position_bias=True)
+FINITE_FILLS = [
+    pytest.param(Variant(mask="where_reversed", causal="trilu", dtype="float16", heads=2, position_bias=True),
+                 id="reversed-select-causal-position-bias"),
+    pytest.param(Variant(scale="q_mul", k_layout="dynamo_3d", mask="where_reversed", commuted=True, heads=4,
+                         head_dim=32, kv_heads=2, dtype="float16", rope=True, einsum=True, seed=53475),
+                 id="reversed-select-grouped-heads"),
+    pytest.param(Variant(mask="keras_select", causal="buffer_local", dtype="float16", heads=2, clamp=True),
+                 id="keras-select-local-causal-clamp"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", FINITE_FILLS)
+def test_a_finite_float16_select_fill_is_written_to_absorb_the_scores(variant):
+    """``Where(m, S, −1e4)`` in float16: a fully masked row is uniform in the graph, which a float16 −1e4 added to
+    float32 scores is not (every such block was rolled back: 2-4 off on left padding). Written in float32 and
+    scaled past 1e30 the fill absorbs the scores as the graph's select does; the report says what that assumes."""
     model = attention_model(variant)
-    result = egfuse.fuse(model, target="onnx", validate=False)
-    assert onnx.TensorProto.FLOAT not in _mask_types(result.model)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert _mask_types(result.model) == [onnx.TensorProto.FLOAT]
+    assert result.report.regions[0].assumed_fill == -1e4
+    for seed in range(4):  # the judge's own feeds (left padding under the causal masks: fully masked rows)
+        feeds = feeds_for(model, seed=seed, batch=3, seq=6, left_padding=True)
+        assert disagreements(model, result.model, feeds) == [], seed
+
+
+REACHED = Variant(
+    scale="none", k_layout="transpose_0132", mask="where_reversed", commuted=True, heads=2, head_dim=128,
+    symbolic=False, causal="buffer_local", kv_heads=1, dtype="float16", rope=True, rope_tables="inputs",
+    rope_partial=True, position_bias=True, query_bias="rel_pos_uv", dropout="training_false", seed=10749,
+)  # fmt: skip
+"""Unscaled scores over 128 features plus a position term from Q: on feeds four times larger they reach −1.5e4."""
+
+
+def test_scores_that_reach_a_finite_fill_roll_the_region_back():
+    model = attention_model(REACHED)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 0, str(result.report)
+    assert "reach the mask's fill -10000" in result.report.regions[0].reason
+
+
+def test_without_the_check_such_a_region_changes_what_the_model_computes():
+    """What the check stands for: written unchecked, the block gives a row whose kept keys score below the fill
+    to those keys, where the graph gives it to the masked ones — seen on the judge's own feeds."""
+    model = attention_model(REACHED)
+    unchecked = egfuse.fuse(model, target="onnx", validate=False).model
+    found = [disagreements(model, unchecked, feeds_for(model, seed=seed)) for seed in range(8)]
+    assert any("large scores, float32 copies" in line for lines in found for line in lines), found
+
+
+def test_the_scores_closest_to_a_fill_leave_out_fills_and_hidden_entries():
+    fill = -1e4
+    hidden = [float(np.finfo(np.float16).min), -3.0e38, -np.inf, fill + 24.0, fill]  # other masks; F + a bias
+    assert fill_reach.closest_score(np.array([3.0, -40.0, *hidden]), fill) is None
+    assert fill_reach.closest_score(np.array([3.0, -6e3, -1.5e4, *hidden]), fill) == -1.5e4
+    assert fill_reach.closest_score(np.array([-4.9e3]), fill) is None  # not half-way to the fill
+    assert fill_reach.closest_score(np.array([-6e8]), -1e9) == -6e8
+
+
+def test_a_float16_nan_guard_stays_after_the_standard_op():
+    """``Where(IsNaN(p), 0, p)`` after a float16 softmax: the standard op gives 0 for a row its mask hides with
+    −inf, but onnxruntime's CPU kernel makes a NaN row of scores past float16's range, which the graph's guard
+    turned into 0 (the judge's larger draws: NaN in 32 outputs where the graph has 0)."""
+    variant = Variant(
+        k_layout="dynamo_3d", mask="where_finfo", guard=True, heads=4, head_dim=16, symbolic=False, causal="trilu",
+        kv_heads=2, dtype="float16", rope=True, rope_tables="inputs", position_bias=True, query_bias="relative",
+        dropout="castlike", seed=4584,
+    )  # fmt: skip
+    model = attention_model(variant)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused == 1, str(result.report)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.index("IsNaN") > ops.index("Attention")
+    for seed in (variant.seed, 1, 2):
+        assert disagreements(model, result.model, feeds_for(model, seed=seed)) == [], seed

@@ -92,9 +92,10 @@ def test_a_select_fill_alone_is_still_moved_for_the_standard_op():
 def test_drawn_spellings_keep_left_padded_rows(variant):
     """Every drawn spelling, fed a left-padded batch (fully masked query rows under a causal mask). Masks that
     fill with −inf are left out: the graph gives such a row NaN, the standard op 0 (rolled back by design); so
-    are float16 models fed the −10000 additive mask of ``feeds_for`` or filling with −1e4 (``where_reversed``):
-    S − 10000 is not −10000 (nor a multiple of 8 the graph rounds to), so a row that sees only such keys is
-    uniform in the graph and softmax(S) in any additive form — validation rolls those regions back."""
+    are float16 models fed the −10000 additive mask of ``feeds_for`` (S − 10000 is not −10000, nor a multiple
+    of 8 the graph rounds to, so a row that sees only such keys is softmax(S) in the graph's rounding: validation
+    rolls those regions back), and those filling with −1e4 (``where_reversed``), which fuse only where the
+    scores keep clear of the fill (``egfuse.fill_reach``: unscaled scores over many features reach it)."""
     assume(variant.mask != "where_neginf" and variant.causal != "trilu")
     assume(
         not (variant.dtype == "float16" and (variant.mask.startswith("additive") or variant.mask == "where_reversed"))
