@@ -20,6 +20,8 @@ from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, bound
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, ROTARY_OPS, FusedOp, TargetSpec
 
+HALF_TYPES = frozenset({"float16", "bfloat16"})
+
 ELEMENT_BYTES = 4
 """float32; a half-precision model's costs scale alike for every form, so the choice does not change."""
 
@@ -55,9 +57,13 @@ class CostModel:
         spec: TargetSpec,
         shapes: Mapping[EClass, Shape],
         value_types: frozenset[str] = frozenset(),
+        float32: frozenset[EClass] = frozenset(),
     ) -> None:
         self.spec = spec
         self.value_types = value_types
+        self.float32 = float32
+        """E-classes holding float32 values (:mod:`egfuse.wide_classes`): a half-precision region's bias there
+        goes only to an op whose mask type is free of Q's."""
         """The element types of the attention outputs being fused (numpy names): an op without a kernel for
         one of them is refused."""
         self.binding = dict(spec.shape_binding)
@@ -132,6 +138,8 @@ class CostModel:
             return False
         if node.op == "mha_kv4" and self._head_sizes_differ(a.k, a.v):
             return False
+        if op.domain and a.bias in self.float32 and self.value_types & HALF_TYPES:
+            return False  # a contrib op's bias has Q's type: a float32 mask would be rounded to it
         return packed or op.broadcasts_batch or not self._batch_broadcast(node)
 
     def _head_sizes_differ(self, k: EClass, v: EClass) -> bool:

@@ -224,6 +224,15 @@ class Emitter(MaskWriter):
             self.memo[cid] = self._emit(self.choice[cid].node, cid)
         return self.memo[cid]
 
+    def _widest(self, inputs: list[ir.Value]) -> list[ir.Value]:
+        """A half-precision operand of a sum with a float32 one cast up: that sum is taken in float32
+        (:mod:`egfuse.rules.precision`, MPT's scores upcast before a float32 bias), and ONNX adds one type."""
+        types = {v.dtype for v in inputs}
+        if not {ir.DataType.FLOAT16, ir.DataType.BFLOAT16} & types or ir.DataType.FLOAT not in types:
+            return inputs
+        wide = ir.DataType.FLOAT
+        return [v if v.dtype == wide else self.node("Cast", [v], {"to": wide}) for v in inputs]
+
     def _has_fused(self, cid: EClass) -> bool:
         if cid not in self._fused_memo:
             self._fused_memo[cid] = False  # cycle guard
@@ -240,6 +249,8 @@ class Emitter(MaskWriter):
             return self.lowered.values[a.index]
         if op in _SIMPLE:
             inputs = [self.value(c) for c in n.args]
+            if op == "add":
+                inputs = self._widest(inputs)
             return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
         if op == "full_like":
             like = self.value(a.like)

@@ -36,6 +36,7 @@ from egfuse.session import EClass, ENode, Session
 from egfuse.shape_reads import rewrite_dead_shape_reads
 from egfuse.shapes import class_shapes
 from egfuse.targets.spec import FUSED, LAYER_OPS, RESIDUAL_NORMS, TargetSpec
+from egfuse.wide_classes import float32_classes
 
 RegionKey = int | tuple[str, int]
 """What validation rolls back: an attention region's index, or ("rotary", index)."""
@@ -158,7 +159,8 @@ def _search(
     # constants and shapes): the layers of a model. Their certificate is saturated once.
     report.stats["distinct_regions"] = len(set(alone.values()))
     shapes = class_shapes(classes, lowerer.table, facts)
-    cost_model = CostModel(target, shapes, _float_types(r.main_output for r in regions))
+    float32 = float32_classes(classes, lowerer.table)
+    cost_model = CostModel(target, shapes, _float_types(r.main_output for r in regions), float32)
     choice = extract(classes, cost_model)
     runnable = {op.constructor for op in target.ops}
 

@@ -6,24 +6,40 @@ softmax in at least float32 for half-precision inputs, and ``LayerNormalization`
 compute in float32 by default (``stash_type`` 1). So ``Cast(f(Cast(x, float32)), t)`` is ``f(x)`` for
 ``f`` a softmax or a normalization whenever ``x`` already has type ``t`` — the narrowing cast must return to
 ``x``'s own type, or the op's output type would change.
+
+Scores upcast alone, before a float32 term joins them (MPT: ``softmax(S.float() + alibi)``, a select after),
+are the same sum: a half tensor plus a float32 one means their sum in float32 here (``add(cast(x), b) =
+add(x, b)``; the writer casts the half operand up, as ONNX adds one type), and an attention op given a float32
+mask adds it to its scores in float32 (the standard ``Attention``'s mask type is free of Q's).
 """
 
 from __future__ import annotations
 
-from egglog import f64, i64, rewrite, ruleset
+from egglog import eq, f64, i64, rewrite, ruleset
 
 from egfuse.lang import Tensor, dtype_of
 
 FLOAT32 = 1
 """``TensorProto.FLOAT``."""
+HALF = (10, 16)
+"""``TensorProto.FLOAT16`` and ``BFLOAT16``."""
 
 
 @ruleset
-def rules(x: Tensor, t: i64, eps: f64):
+def rules(x: Tensor, b: Tensor, t: i64, eps: f64):
     yield rewrite(Tensor.cast(Tensor.softmax(Tensor.cast(x, FLOAT32)), t)).to(Tensor.softmax(x), dtype_of(x) == t)
     yield rewrite(Tensor.cast(Tensor.rms_normalized(Tensor.cast(x, FLOAT32), eps), t)).to(
         Tensor.rms_normalized(x, eps), dtype_of(x) == t
     )
     yield rewrite(Tensor.cast(Tensor.normalized(Tensor.cast(x, FLOAT32), eps), t)).to(
         Tensor.normalized(x, eps), dtype_of(x) == t
+    )
+    # A half tensor plus a float32 one is their float32 sum; the probabilities of such a sum narrowed back to
+    # the scores' type are an attention op's, which adds a float32 mask in float32.
+    for h in HALF:
+        yield rewrite(Tensor.add(Tensor.cast(x, FLOAT32), b)).to(
+            Tensor.add(x, b), eq(dtype_of(x)).to(i64(h)), eq(dtype_of(b)).to(i64(FLOAT32))
+        )
+    yield rewrite(Tensor.cast(Tensor.softmax(Tensor.add(x, b)), t)).to(
+        Tensor.softmax(Tensor.add(x, b)), dtype_of(x) == t
     )

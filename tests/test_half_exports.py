@@ -8,6 +8,7 @@ is masked has two correct half-precision values (``validate.fill_decided``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ import pytest
 
 import egfuse
 from egfuse import validate
+from egfuse.targets import ort
 from egfuse.testing import disagreements
 
 from .conftest import DATA, one_target_fast
@@ -38,7 +40,7 @@ def _unpadded(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def test_the_half_corpus_is_float16():
-    assert len(MODELS) == 3
+    assert len(MODELS) == 4  # BERT, Llama, its decode step, MPT (scores upcast before a float32 ALiBi bias)
     for entry in MODELS:
         model = onnx.load(HALF / entry["file"], load_external_data=False)
         assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16, entry["file"]
@@ -73,3 +75,16 @@ def test_the_npu_target_splits_the_float16_heads():
     result = egfuse.fuse(HALF / entry["file"], target="npu", feeds=_feeds(entry))
     assert result.report.fused == entry["blocks"] and result.report.validated is True, str(result.report)
     assert disagreements(onnx.load(HALF / entry["file"]), result.model, _feeds(entry)) == []
+
+
+def test_a_float32_mask_beside_float16_scores_goes_only_to_the_standard_op():
+    """MPT upcasts its float16 scores to add a float32 ALiBi bias and select: onnxruntime's contrib ops take a
+    bias of Q's type only (CUDA's costs chose MultiHeadAttention, the fused model did not load and validation
+    rolled everything back), and rounding that mask to float16 would change it; the standard op's mask type is
+    free. Priced for CUDA and made to fuse wherever it can, the ort target writes the standard op."""
+    entry = next(m for m in MODELS if m["name"] == "mpt_eager_fp16")
+    forced = replace(ort.CUDA_SPEC, keep_unfused=False)
+    result = egfuse.fuse(onnx.load(HALF / entry["file"]), target=forced, feeds=_feeds(entry))
+    assert result.report.fused == entry["blocks"] and result.report.validated is True, str(result.report)
+    assert [r.fused_into for r in result.report.regions] == ["Attention"] * entry["blocks"], str(result.report)
+    assert not [n for r in result.report.regions for n in r.notes if "did not validate" in n], str(result.report)

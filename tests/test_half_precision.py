@@ -57,6 +57,31 @@ def test_a_norm_cast_to_another_type_than_its_input_is_not_the_norm():
     assert not proves(egraph, term, Tensor.rms_normalized(x, 1e-6))
 
 
+def _upcast_then_biased(scores: Tensor, bias: Tensor, back_to: int) -> Tensor:
+    """MPT in half precision: ``softmax(S.float() + alibi)`` narrowed back."""
+    return Tensor.cast(Tensor.softmax(Tensor.add(Tensor.cast(scores, FLOAT), bias)), back_to)
+
+
+@pytest.mark.parametrize("half", [FLOAT16, 16])
+def test_scores_upcast_before_a_float32_bias_are_the_softmax_of_their_sum(half):
+    term = _upcast_then_biased(x, c, half)
+    facts = [set_(dtype_of(x)).to(i64(half)), set_(dtype_of(c)).to(i64(FLOAT))]
+    assert proves(saturated(precision.rules, term, *facts), term, Tensor.softmax(Tensor.add(x, c)))
+
+
+@pytest.mark.parametrize(
+    ("scores_type", "bias_type", "back_to"),
+    [(FLOAT, FLOAT, FLOAT16), (FLOAT16, FLOAT16, FLOAT16), (FLOAT16, FLOAT, FLOAT)],
+    ids=["float32-scores", "half-bias", "kept-float32"],
+)
+def test_an_upcast_sum_is_not_read_past_its_types(scores_type, bias_type, back_to):
+    """Near misses: float32 scores narrowed at the end change the output's type; a half bias beside upcast
+    scores is no float32 sum the op would take; probabilities kept in float32 are not the scores' type."""
+    term = _upcast_then_biased(x, c, back_to)
+    facts = [set_(dtype_of(x)).to(i64(scores_type)), set_(dtype_of(c)).to(i64(bias_type))]
+    assert not proves(saturated(precision.rules, term, *facts), term, Tensor.softmax(Tensor.add(x, c)))
+
+
 def _gelu_term() -> Tensor:
     return Tensor.mul(Tensor.mul(x, Tensor.add(Tensor.erf(Tensor.div(x, c)), one)), half)
 
