@@ -129,11 +129,9 @@ def _optimize_one(source: str, destination: str, options: Options) -> dict[str, 
     start = time.perf_counter()
     target: Any = options.target
     if options.profile:
-        from egfuse.calibrate import apply_profile, load_profile
-        from egfuse.targets import for_provider, get_target
+        from egfuse.calibrate import profiled_target
 
-        priced = for_provider(get_target(options.target), options.providers)  # as the CLI does for one model
-        target = apply_profile(priced, load_profile(Path(options.profile)))
+        target = profiled_target(options.target, Path(options.profile), options.providers)  # as the CLI does
     result = fuse(
         source,
         target=target,

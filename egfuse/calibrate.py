@@ -263,6 +263,15 @@ def apply_profile(spec: TargetSpec, profile: dict) -> TargetSpec:
     return spec.with_profile(profile)
 
 
+def profiled_target(name: str, path: str | Path, providers: tuple[str, ...]) -> TargetSpec:
+    """The registered target ``name`` as priced for the first of ``providers`` it has a variant for, refitted by
+    the profile at ``path``: a CUDA profile refits the CUDA variant (its ops, its element types), not the CPU's.
+    The CLI's ``--profile`` and folder runs both read a profile this way."""
+    from egfuse.targets import for_provider, get_target
+
+    return apply_profile(for_provider(get_target(name), providers), load_profile(path))
+
+
 def load_profile(path: str | Path) -> dict:
     try:
         profile = json.loads(Path(path).read_text())

@@ -292,11 +292,10 @@ def _targets() -> int:
 def _profiled(name: str, path: Path, providers: tuple[str, ...]) -> object:
     """The target as priced for the first provider it has a variant for (``--provider``: a CUDA profile refits
     the CUDA variant, with the ops CUDA runs and its choices), refitted by the profile at ``path``."""
-    from egfuse.calibrate import apply_profile, load_profile
-    from egfuse.targets import for_provider, get_target
+    from egfuse.calibrate import profiled_target
 
     try:
-        return apply_profile(for_provider(get_target(name), providers), load_profile(path))
+        return profiled_target(name, path, providers)
     except ValueError as err:
         raise EgfuseError(str(err).removeprefix(f"{path}: "), path=str(path)) from None
 
