@@ -185,7 +185,8 @@ class Tensor(Expr):
 
     @classmethod
     def split_lead(cls, a: Tensor, second: StringLike) -> Tensor:
-        """(A·second, …) → (A, second, …): the inverse of ``merge_lead``."""
+        """(A·second, …) → (A, second, …): the inverse of ``merge_lead``. ``second`` may be a symbol (a window
+        count only the run knows): it is written as read off the shape of a value that has that dim."""
 
     @classmethod
     def tile_lead(cls, m: Tensor, like: Tensor, second: StringLike) -> Tensor:

@@ -150,9 +150,8 @@ class TermWriter:
             for axis in (1, 3):
                 if shape[axis] is not None and shape[axis].static is not None:
                     cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis].static}")')
-        elif rank == 5 and shape[1] is not None and shape[1].static is not None:
-            # a window axis before the heads (B, W, N, S, H): the two leading dims, to fold them (a number of
-            # windows only: splitting them off again is a Reshape that must know how many)
+        elif rank == 5 and shape[1] is not None:
+            # a window axis before the heads (B, W, N, S, H): the two leading dims, to fold them
             for axis in (0, 1):
                 if shape[axis] is not None:
                     cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{shape[axis]}")')

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from egfuse.dims import Dim
 from egfuse.enodes import value_index, view
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
@@ -185,6 +186,21 @@ class Emitter(MaskWriter):
             found = static(self.shapes.get(cid), axis)
         return found
 
+    def lead_count(self, second: str) -> ir.Value:
+        """The size ``split_lead``/``tile_lead`` split off a folded batch, as a 1-element int64 tensor: a number
+        as a constant; a symbol (Twins' window count hg·wg, known only when the graph runs) read off the shape
+        of a value the written program already reads, whose dims state it. Only an operand's shape can say it
+        (the fold's own input is written first, with that dim), and reading it keeps no replaced node alive."""
+        if second.isdigit():
+            return self.const(np.array([int(second)], np.int64), "windows")
+        wanted = Dim.parse(second)
+        for cid, value in self.memo.items():
+            shape = self.shapes.get(cid) if value in self.created else self.facts.shape(value)
+            for axis, dim in enumerate(shape or ()):
+                if dim == wanted:
+                    return self.shape(value, axis, axis + 1)
+        raise ValueError(f"no value the fused op reads has the dim {second} to split off")
+
     def float_dtype(self, value: ir.Value) -> np.dtype:
         floating = value.dtype is not None and value.dtype.is_floating_point()
         return np.dtype(value.dtype.numpy()) if floating else np.dtype(np.float32)
@@ -320,14 +336,14 @@ class Emitter(MaskWriter):
             target = self.node("Concat", [batch, self.const(np.array([-1], np.int64), "minus_one"), tail], {"axis": 0})
             return self.node("Reshape", [wide, target], like=x)
         if op == "tile_lead":  # Tile(Squeeze(m, 0), (B, 1, …)) with B = like's folded batch / second
-            m, like, second = self.value(a.m), self.value(a.like), int(a.second)
+            m, like = self.value(a.m), self.value(a.like)
             rank = self.rank(a.m, m)
             squeezed = self.node("Squeeze", [m, self.const(np.array([0], np.int64), "axes")], like=m)
             folded = self.node(
                 "Slice", [self.node("Shape", [like]), self.const(np.array([0], np.int64), "at"),
                           self.const(np.array([1], np.int64), "to")],
             )  # fmt: skip
-            batch = self.node("Div", [folded, self.const(np.array([second], np.int64), "windows")])
+            batch = self.node("Div", [folded, self.lead_count(a.second)])
             ones = self.const(np.ones(rank - 2, np.int64), "ones")
             return self.node("Tile", [squeezed, self.node("Concat", [batch, ones], {"axis": 0})], like=m)
         if op in ("group_heads", "ungroup_heads"):  # Reshape to (B, -1, G, T, X) or (B, -1, T, X)
@@ -339,9 +355,11 @@ class Emitter(MaskWriter):
         if op in ("merge_lead", "split_lead"):
             x = self.value(a.a)
             shape = self.shape(x, 2 if op == "merge_lead" else 1)
-            head = [-1] if op == "merge_lead" else [-1, int(a.second)]
-            spec = self.node("Concat", [self.const(np.array(head, np.int64), "shape"), shape], {"axis": 0})
-            return self.node("Reshape", [x, spec], like=x)
+            if op == "split_lead" and not a.second.isdigit():  # a count only the run knows, read off the graph
+                head = [self.const(np.array([-1], np.int64), "shape"), self.lead_count(a.second)]
+            else:
+                head = [self.const(np.array([-1] if op == "merge_lead" else [-1, int(a.second)], np.int64), "shape")]
+            return self.node("Reshape", [x, self.node("Concat", [*head, shape], {"axis": 0})], like=x)
         fused = self.target.op_for(op)
         if fused is not None:
             return WRITERS[fused.writer](n, self, fused)

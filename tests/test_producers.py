@@ -30,15 +30,9 @@ _TALKING_HEADS = (
     "talking-heads attention mixes the heads by a linear map before and after the softmax: no attention "
     "op computes it (the class-attention block fuses)"
 )
-_WINDOWS_SYMBOLIC = (
-    "locally grouped (rank-5) attention over a symbolic number of windows: the folded batch "
-    "cannot be split again without the count (the dynamo export, with a number, fuses)"
-)
 _FACTORIZED = "factorized attention: a softmax over the keys' token axis and Kᵀ·V first, no N×N scores"
 KNOWN_GAPS: dict[str, tuple[int, str]] = {
     **{f"cait_{a}.{e}.onnx": (1, _TALKING_HEADS) for a in ("eager", "fused") for e in ("torchscript", "dynamo")},
-    "twins_eager.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),
-    "twins_fused.torchscript.onnx": (2, _WINDOWS_SYMBOLIC),
     **{f"coat_eager.{e}.onnx": (0, _FACTORIZED) for e in ("torchscript", "dynamo")},
 }
 """Per export file, the blocks egfuse fuses where it is fewer than the framework counted, and why. A gap that

@@ -1,6 +1,8 @@
 """Attention over an extra leading (window) axis, (B, W, N, S, H) — Twins' locally grouped attention — is
-attention on the folded (B·W) batch (``rules/windows.py``): it fuses and matches the original. K and V shared
-by every window (broadcast along W) are no such attention and stay as written."""
+attention on the folded (B·W) batch (``rules/windows.py``): it fuses and matches the original, also where the
+number of windows is known only when the graph runs (TorchScript's Twins: its padding makes hg·wg symbolic), the
+fold split again by the count read off an operand's shape. K and V shared by every window (broadcast along W)
+are no such attention and stay as written."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.testing import disagreements
 
-from .conftest import fast_on, fused_op_count
+from .conftest import DATA, fast_on, fused_export, fused_op_count
 
 B, W, N, S, H = 2, 3, 2, 4, 8
 
 
-def _windowed(kv_windows: int = W) -> onnx.ModelProto:
+def _windowed(kv_windows: int | str = W, windows: int | str = W) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
         helper.make_node("MatMul", ["q", "kt"], ["qk"]),
@@ -27,7 +29,7 @@ def _windowed(kv_windows: int = W) -> onnx.ModelProto:
         helper.make_node("Transpose", ["o"], ["y"], perm=[0, 1, 3, 2, 4]),
     ]
     inputs = [
-        helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", W, N, S, H]),
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, ["batch", windows, N, S, H]),
         helper.make_tensor_value_info("k", TensorProto.FLOAT, ["batch", kv_windows, N, S, H]),
         helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", kv_windows, N, S, H]),
     ]
@@ -38,10 +40,10 @@ def _windowed(kv_windows: int = W) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _feeds(kv_windows: int = W) -> dict[str, np.ndarray]:
+def _feeds(kv_windows: int = W, windows: int = W) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     return {
-        "q": rng.standard_normal((B, W, N, S, H)).astype(np.float32),
+        "q": rng.standard_normal((B, windows, N, S, H)).astype(np.float32),
         "k": rng.standard_normal((B, kv_windows, N, S, H)).astype(np.float32),
         "v": rng.standard_normal((B, kv_windows, N, S, H)).astype(np.float32),
     }
@@ -54,6 +56,31 @@ def test_windowed_attention_fuses_on_the_folded_batch(target: str):
     assert result.report.fused == 1, str(result.report)
     assert fused_op_count(result.model, target) == 1
     assert not disagreements(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("target", fast_on("onnx"))
+def test_a_window_count_known_at_run_time_is_read_from_the_graph(target: str):
+    """W a symbol: the folded batch is split again by Shape(q)[1], so any count runs (5 windows here, where
+    validation drew its own)."""
+    model = _windowed(kv_windows="windows", windows="windows")
+    result = egfuse.fuse(model, target=target)
+    assert result.report.fused == 1, str(result.report)
+    assert result.report.validated is True, str(result.report)
+    assert fused_op_count(result.model, target) == 1
+    feeds = _feeds(kv_windows=5, windows=5)
+    assert not disagreements(model, result.model, feeds)
+
+
+@pytest.mark.parametrize("target", fast_on("onnx", ("ort", "onnx", "npu")))
+def test_twins_torchscript_windows_fuse(target: str):
+    """timm's Twins by TorchScript: the locally grouped blocks' window count hg·wg is symbolic (computed pads
+    before the window view), and all 4 blocks fuse and match on the export's own feeds (2 before)."""
+    file = "producers/timm/twins_eager.torchscript.onnx"
+    result = fused_export(file, target)
+    assert result.report.fused == 4, str(result.report)
+    assert result.report.validated is True, str(result.report)
+    feeds = dict(np.load(DATA / file.replace(".onnx", ".feeds.npz")))
+    assert not disagreements(onnx.load(DATA / file), result.model, feeds)
 
 
 def test_keys_shared_by_every_window_are_not_folded():
