@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -338,40 +339,11 @@ def _fuse(
         weights=weights,
         origins=origins,
     )
-    fused_proto, report = search_once(prepared, chosen)
-    opset_note = None
-    if needs_standard_opset(prepared, fused_proto):
-        converted, chosen, opset_note = admit_standard_attention(loaded, prepared, chosen)
-        if converted is not None and same_nodes(converted, loaded.proto):
-            # The conversion only renumbered the opset: what was fused stands, under the new number.
-            prepared = bump_opset(prepared, STANDARD_ATTENTION_OPSET)
-            fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
-        else:
-            prepared = infer_shapes(integer_text_dims(converted)) if converted is not None else prepared
-            fused_proto, report = search_once(prepared, chosen)
+    prepared, chosen, fused_proto, report, opset_note = _searched(loaded, prepared, chosen, search_once)
     if validate and report.changed:
         t0 = time.perf_counter()
-        for round_ in range(VALIDATION_ROUNDS):
-            failing = judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes)
-            if not failing:
-                break
-            if round_ < VALIDATION_ROUNDS - 1:
-                failing = upstream_only(failing, fused_proto, report)
-            note = report.validation_note
-            excluded.update(ban_forms(failing, report, banned))
-            fused_proto, report = search_once(prepared, chosen)
-            if not report.changed:
-                report.validated, report.validation_note = None, note
-                break
-        else:
-            # Unproven after every round: change nothing.
-            if judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes):
-                report.validated = None
-                report.validation_note = f"nothing applied: validation still failed after {VALIDATION_ROUNDS} rounds"
-                for entry in [*report.regions, *report.rotary, *report.layer_ops]:
-                    if entry.status == "fused":
-                        entry.status, entry.reason = "rolled back", "validation did not settle"
-                fused_proto = original
+        fused_proto, report = _judged_rounds(original, prepared, chosen, fused_proto, report, search_once, feeds,
+                                             weights, budgets, excluded, banned)  # fmt: skip
         report.stats["seconds_validate"] = time.perf_counter() - t0
     elif validate:
         report.validated = None
@@ -387,4 +359,63 @@ def _fuse(
         report.notes.append(opset_note)
     if not report.changed:
         fused_proto = original  # nothing to gain: hand back the model exactly as it came
+    return fused_proto, report
+
+
+def _searched(
+    loaded: LoadedModel, prepared: onnx.ModelProto, chosen: TargetSpec, search_once: Callable
+) -> tuple[onnx.ModelProto, TargetSpec, onnx.ModelProto, Report, str | None]:
+    """The first search, and — where what it wrote needs the standard ``Attention`` op's opset — the model
+    raised to that opset and searched again (or only renumbered, where the conversion changed no node):
+    (prepared, target, fused, report, the opset note)."""
+    fused_proto, report = search_once(prepared, chosen)
+    opset_note = None
+    if needs_standard_opset(prepared, fused_proto):
+        converted, chosen, opset_note = admit_standard_attention(loaded, prepared, chosen)
+        if converted is not None and same_nodes(converted, loaded.proto):
+            # The conversion only renumbered the opset: what was fused stands, under the new number.
+            prepared = bump_opset(prepared, STANDARD_ATTENTION_OPSET)
+            fused_proto.ir_version = prepared.ir_version = max(prepared.ir_version, converted.ir_version)
+        else:
+            prepared = infer_shapes(integer_text_dims(converted)) if converted is not None else prepared
+            fused_proto, report = search_once(prepared, chosen)
+    return prepared, chosen, fused_proto, report, opset_note
+
+
+def _judged_rounds(
+    original: onnx.ModelProto,
+    prepared: onnx.ModelProto,
+    chosen: TargetSpec,
+    fused_proto: onnx.ModelProto,
+    report: Report,
+    search_once: Callable,
+    feeds: dict | None,
+    weights: protos.DetachedWeights | None,
+    budgets: Budgets,
+    excluded: dict,
+    banned: dict,
+) -> tuple[onnx.ModelProto, Report]:
+    """The fixpoint of search and judge: what does not validate is rolled back (or given its next form) and
+    the search runs again, for at most :data:`VALIDATION_ROUNDS` rounds; unproven after the last, nothing is
+    applied."""
+    for round_ in range(VALIDATION_ROUNDS):
+        failing = judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes)
+        if not failing:
+            return fused_proto, report
+        if round_ < VALIDATION_ROUNDS - 1:
+            failing = upstream_only(failing, fused_proto, report)
+        note = report.validation_note
+        excluded.update(ban_forms(failing, report, banned))
+        fused_proto, report = search_once(prepared, chosen)
+        if not report.changed:
+            report.validated, report.validation_note = None, note
+            return fused_proto, report
+    # Unproven after every round: change nothing.
+    if judge(original, fused_proto, report, feeds, weights, budgets.validation_bytes):
+        report.validated = None
+        report.validation_note = f"nothing applied: validation still failed after {VALIDATION_ROUNDS} rounds"
+        for entry in [*report.regions, *report.rotary, *report.layer_ops]:
+            if entry.status == "fused":
+                entry.status, entry.reason = "rolled back", "validation did not settle"
+        fused_proto = original
     return fused_proto, report

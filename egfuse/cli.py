@@ -33,8 +33,22 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # --debug after the command too
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    targets = ", ".join(TARGETS)
+    _add_optimize(sub, common)
+    demo = sub.add_parser("demo", parents=[common], help="fuse the tiny BERT bundled with egfuse and print the report")
+    demo.add_argument("--target", choices=list(TARGETS), default="ort")
+    demo.add_argument("-o", "--output", type=Path, help="also write the fused demo model here")
+    demo.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    sub.add_parser("targets", parents=[common], help="list the hardware targets and what each writes")
+    exp = sub.add_parser(
+        "explain", parents=[common], help="print one region's proof from a report (`optimize --report`)"
+    )
+    exp.add_argument("report", type=Path, help="the report (JSON) written by `egfuse optimize --report`")
+    exp.add_argument("region", help="the region's index, softmax node name or output name")
+    _add_calibrate(sub, common)
+    return parser
 
+
+def _add_optimize(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     opt = sub.add_parser("optimize", parents=[common], help="fuse the attention blocks of a model")
     opt.add_argument("input", type=Path, help="the .onnx model to fuse, or a folder of them (fused into -o's folder)")
     opt.add_argument("-o", "--output", type=Path, required=True, help="where to write the fused model (or folder)")
@@ -47,7 +61,10 @@ def _parser() -> argparse.ArgumentParser:
         help="for a folder: fuse on this Ray cluster ('auto': the one this machine is in; pip install 'egfuse[ray]')",
     )
     opt.add_argument(
-        "--target", choices=list(TARGETS), default="ort", help=f"hardware target ({targets}; see `egfuse targets`)"
+        "--target",
+        choices=list(TARGETS),
+        default="ort",
+        help=f"hardware target ({', '.join(TARGETS)}; see `egfuse targets`)",
     )
     opt.add_argument(
         "--shape",
@@ -66,7 +83,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never raise the model's opset (ort: contrib ops only; the onnx target needs opset 23)",
     )
-    check = opt.add_argument_group("validation")
+    _add_validation(opt.add_argument_group("validation"))
+    opt.add_argument("--profile", type=Path, help="a cost profile measured by `egfuse calibrate` (default: bundled)")
+
+
+def _add_validation(check: argparse._ArgumentGroup) -> None:
     check.add_argument("--atol", type=_non_negative, default=1e-4, help="absolute tolerance, float32 (1e-4)")
     check.add_argument("--rtol", type=_non_negative, default=1e-3, help="relative tolerance, float32 (1e-3)")
     check.add_argument(
@@ -85,21 +106,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the most memory a validation run may hold (GiB, estimated before it runs; 0: no limit)",
     )
 
-    demo = sub.add_parser("demo", parents=[common], help="fuse the tiny BERT bundled with egfuse and print the report")
-    demo.add_argument("--target", choices=list(TARGETS), default="ort")
-    demo.add_argument("-o", "--output", type=Path, help="also write the fused demo model here")
-    demo.add_argument("-q", "--quiet", action="store_true", help="print only errors")
 
-    opt.add_argument("--profile", type=Path, help="a cost profile measured by `egfuse calibrate` (default: bundled)")
-
-    sub.add_parser("targets", parents=[common], help="list the hardware targets and what each writes")
-
-    exp = sub.add_parser(
-        "explain", parents=[common], help="print one region's proof from a report (`optimize --report`)"
-    )
-    exp.add_argument("report", type=Path, help="the report (JSON) written by `egfuse optimize --report`")
-    exp.add_argument("region", help="the region's index, softmax node name or output name")
-
+def _add_calibrate(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     cal = sub.add_parser(
         "calibrate", parents=[common], help="time each form on this machine's onnxruntime and fit a cost profile"
     )
@@ -112,7 +120,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the onnxruntime execution provider to time on (CUDAExecutionProvider with onnxruntime-gpu)",
     )
-    return parser
 
 
 def _non_negative(text: str) -> float:
