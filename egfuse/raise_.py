@@ -11,6 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from egfuse.dims import Dim
+from egfuse.emit_primitives import PRIMITIVE_WRITERS
 from egfuse.enodes import value_index, view
 from egfuse.extract import Choice
 from egfuse.facts import GraphFacts
@@ -21,11 +22,6 @@ from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape, static
 from egfuse.targets.spec import FUSED, TargetSpec
 from egfuse.writers import WRITERS
-
-_SIMPLE = {"matmul": "MatMul", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "where": "Where",
-           "isnan": "IsNaN", "sqrt": "Sqrt", "tanh": "Tanh", "reshape": "Reshape", "pow": "Pow",
-           "reciprocal": "Reciprocal", "erf": "Erf", "maximum": "Max", "neg": "Neg", "cos": "Cos", "sin": "Sin",
-           "rows": "Gather"}  # fmt: skip
 
 
 class Emitter(MaskWriter):
@@ -240,15 +236,6 @@ class Emitter(MaskWriter):
             self.memo[cid] = self._emit(self.choice[cid].node, cid)
         return self.memo[cid]
 
-    def _widest(self, inputs: list[ir.Value]) -> list[ir.Value]:
-        """A half-precision operand of a sum with a float32 one cast up: that sum is taken in float32
-        (:mod:`egfuse.rules.precision`, MPT's scores upcast before a float32 bias), and ONNX adds one type."""
-        types = {v.dtype for v in inputs}
-        if not {ir.DataType.FLOAT16, ir.DataType.BFLOAT16} & types or ir.DataType.FLOAT not in types:
-            return inputs
-        wide = ir.DataType.FLOAT
-        return [v if v.dtype == wide else self.node("Cast", [v], {"to": wide}) for v in inputs]
-
     def _has_fused(self, cid: EClass) -> bool:
         if cid not in self._fused_memo:
             self._fused_memo[cid] = False  # cycle guard
@@ -257,110 +244,15 @@ class Emitter(MaskWriter):
         return self._fused_memo[cid]
 
     def _emit(self, n: ENode, cid: EClass | None = None) -> ir.Value:
-        op = n.op
-        if op == "ref":
+        """``n`` written: a primitive by its entry in :data:`~egfuse.emit_primitives.PRIMITIVE_WRITERS`, a fused
+        op by the writer the target names for it (:data:`~egfuse.writers.WRITERS`)."""
+        if n.op == "ref":
             raise ValueError("a reference to a graph value has no term to write")
         a = view(n)
-        if op == "value":
-            return self.lowered.values[a.index]
-        if op in _SIMPLE:
-            inputs = [self.value(c) for c in n.args]
-            if op == "add":
-                inputs = self._widest(inputs)
-            return self.node(_SIMPLE[op], inputs, like=inputs[1] if op == "where" else inputs[0])
-        if op == "full_like":
-            like = self.value(a.like)
-            dtype = np.dtype(like.dtype.numpy() if like.dtype is not None else np.float32)
-            return self.const(np.array(self.fill_number(cid, float(a.fill), dtype), dtype=dtype), "fill")
-        if op == "zero_bias":
-            weight = self.constant_array(a.weight)
-            return self.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")
-        if op == "cast":
-            return self.node("Cast", [self.value(a.a)], {"to": int(a.to)})
-        if op == "softmax":
-            return self.node("Softmax", [self.value(a.a)], {"axis": -1}, like=self.value(a.a))
-        if op == "reduce_mean":  # axes an input from opset 18, an attribute before
-            x = self.value(a.a)
-            if self.opset >= 18:
-                return self.node("ReduceMean", [x, self.const(np.array([-1], np.int64), "axes")], like=x)
-            return self.node("ReduceMean", [x], {"axes": [-1]}, like=x)
-        if op == "transpose":
-            x = self.value(a.a)
-            return self.node("Transpose", [x], {"perm": [int(p) for p in a.perm.split(",")]}, like=x)
-        if op == "concat":
-            x, y = self.value(a.a), self.value(a.b)
-            return self.node("Concat", [x, y], {"axis": int(a.axis)}, like=x)
-        if op == "part":
-            x = self.value(a.a)
-            start, size = int(a.start), int(a.size)
-            bounds = [self.const(np.array([v], np.int64), hint) for v, hint in ((start, "at"), (start + size, "to"))]
-            return self.node("Slice", [x, *bounds, self.const(np.array([int(a.axis)], np.int64), "axis")], like=x)
-        if op in ("cols_before", "cols_from"):
-            x, cut = self.value(a.a), self.lowered.cuts[a.n]
-            ends = [self.const(np.array([0], np.int64), "at"), cut] if op == "cols_before" else [
-                cut, self.const(np.array([2**63 - 1], np.int64), "to_end")]  # fmt: skip
-            return self.node("Slice", [x, *ends, self.const(np.array([-1], np.int64), "axis")], like=x)
-        if op in ("unsqueeze", "squeeze"):
-            return getattr(self, op)(self.value(a.a), int(a.axis))
-        if op == "strided":  # a[..., start::2]
-            x = self.value(a.a)
-            ins = [self.const(np.array([v], np.int64), "at") for v in (int(a.start), 2**62, -1, 2)]
-            return self.node("Slice", [x, *ins], like=x)
-        if op == "nan_to_zero":
-            x, zero = self.value(a.a), self.value(a.zero)
-            return self.node("Where", [self.node("IsNaN", [x]), zero, x], like=x)
-        if op in ("split_heads", "merge_heads"):
-            x = self.value(a.a)
-            rank = self.rank(a.a, x)
-            spec = (
-                [0] * (rank - 1) + [int(a.heads), int(a.head_dim)] if op == "split_heads" else [0] * (rank - 2) + [-1]
-            )
-            return self.node("Reshape", [x, self.const(np.array(spec, np.int64), "shape")], like=x)
-        if op == "repeat_heads":  # Unsqueeze(x, 2) → Expand(·, (B, N, r, T, H)) → Reshape(·, (B, N·r, T, H))
-            x = self.value(a.a)
-            times = self.const(np.array([int(a.times)], np.int64), "times")
-            axes = self.const(np.array([2], np.int64), "axes")
-            wide = self.node("Unsqueeze", [x, axes], like=x)
-            shape = self.node("Shape", [x])
-            head, tail = (
-                self.node(
-                    "Slice",
-                    [shape, self.const(np.array([s], np.int64), "at"), self.const(np.array([e], np.int64), "to")],
-                )
-                for s, e in ((0, 2), (2, 4))
-            )
-            wide = self.node("Expand", [wide, self.node("Concat", [head, times, tail], {"axis": 0})], like=x)
-            batch = self.node(
-                "Slice", [shape, self.const(np.array([0], np.int64), "at"), self.const(np.array([1], np.int64), "to")]
-            )
-            target = self.node("Concat", [batch, self.const(np.array([-1], np.int64), "minus_one"), tail], {"axis": 0})
-            return self.node("Reshape", [wide, target], like=x)
-        if op == "tile_lead":  # Tile(Squeeze(m, 0), (B, 1, …)) with B = like's folded batch / second
-            m, like = self.value(a.m), self.value(a.like)
-            rank = self.rank(a.m, m)
-            squeezed = self.node("Squeeze", [m, self.const(np.array([0], np.int64), "axes")], like=m)
-            folded = self.node(
-                "Slice", [self.node("Shape", [like]), self.const(np.array([0], np.int64), "at"),
-                          self.const(np.array([1], np.int64), "to")],
-            )  # fmt: skip
-            batch = self.node("Div", [folded, self.lead_count(a.second)])
-            ones = self.const(np.ones(rank - 2, np.int64), "ones")
-            return self.node("Tile", [squeezed, self.node("Concat", [batch, ones], {"axis": 0})], like=m)
-        if op in ("group_heads", "ungroup_heads"):  # Reshape to (B, -1, G, T, X) or (B, -1, T, X)
-            x = self.value(a.a)
-            middle = [-1, int(a.groups)] if op == "group_heads" else [-1]
-            lead, tail = self.shape(x, 0, 1), self.shape(x, 2 if op == "group_heads" else 3)
-            spec = self.node("Concat", [lead, self.const(np.array(middle, np.int64), "shape"), tail], {"axis": 0})
-            return self.node("Reshape", [x, spec], like=x)
-        if op in ("merge_lead", "split_lead"):
-            x = self.value(a.a)
-            shape = self.shape(x, 2 if op == "merge_lead" else 1)
-            if op == "split_lead" and not a.second.isdigit():  # a count only the run knows, read off the graph
-                head = [self.const(np.array([-1], np.int64), "shape"), self.lead_count(a.second)]
-            else:
-                head = [self.const(np.array([-1] if op == "merge_lead" else [-1, int(a.second)], np.int64), "shape")]
-            return self.node("Reshape", [x, self.node("Concat", [*head, shape], {"axis": 0})], like=x)
-        fused = self.target.op_for(op)
+        write = PRIMITIVE_WRITERS.get(n.op)
+        if write is not None:
+            return write(self, n, a, cid)
+        fused = self.target.op_for(n.op)
         if fused is not None:
             return WRITERS[fused.writer](n, self, fused)
-        raise ValueError(f"cannot emit {op} for target {self.target.name}")
+        raise ValueError(f"cannot emit {n.op} for target {self.target.name}")

@@ -8,25 +8,21 @@ graph broadcast against x can never silently differ.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import onnx_ir as ir
 
 from egfuse.dims import Dim
+from egfuse.emitter_protocol import EmitterProtocol
 from egfuse.enodes import view
 from egfuse.rotary_tables import same_dim
 from egfuse.session import ENode
 from egfuse.targets.spec import FusedOp
 
-if TYPE_CHECKING:
-    from egfuse.raise_ import Emitter
-
 HEADS_FIRST, SEQ_FIRST = 1, 2
 """The axis of x's heads: the op's 4D form (B, N, S, H), or (B, S, N, H), written as its 3D form."""
 
 
-def rotary(node: ENode, e: Emitter, op: FusedOp) -> ir.Value:
+def rotary(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     r = view(node)
     x, cos, sin = e.value(r.x), e.value(r.cos), e.value(r.sin)
     heads_axis, interleaved, width = int(r.heads_axis), bool(int(r.interleaved)), int(r.rotary_dim)
