@@ -3,14 +3,17 @@
 Graph outputs and every fused region's and rotation's own output are compared; a region that differs is rolled
 back (or, where its e-class held another fused form the target can write, tried again with that form banned).
 A region downstream of one that differs differs too, so the upstream ones go first (:func:`upstream_only`).
+How one feed set is compared lives in :mod:`egfuse.compare_runs`, the float32 copies of a half-precision model in
+:mod:`egfuse.float32_copies`; this module decides what their comparisons mean for the report.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 
 from egfuse import fill_reach, inputs, memory, progress, protos, runner, validate
+from egfuse.compare_runs import compare_on, compared_outputs
+from egfuse.float32_copies import FLOAT32_COPIES_NOTE, does_not_load, float32_copies
 from egfuse.report import RegionReport, Report, RotaryReport
 from egfuse.search import RegionKey
 
@@ -46,40 +49,14 @@ def _judge(
     try:
         data, expected = validate.original_outputs(original, feeds, names, weights=weights, budget=budget)
     except memory.OverBudget as err:
-        report.validated = None
-        report.validation_note = (
-            f"nothing applied: {err}; raise the budget (Budgets(validation_bytes=…) / --memory-budget GB), give "
-            "smaller inputs (feeds= / --feeds), or skip the check (validate=False / --no-validate)"
-        )
-        return dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan")))
+        return _over_budget(report, entries, err)
     except Exception as err:
-        copies = _float32_copies(original, fused, feeds, weights, err)
-        if copies is not None:
-            report.notes.append(FLOAT32_COPIES_NOTE)
-            wide_original, wide_fused, wide_feeds = copies
-            return judge(wide_original, wide_fused, report, wide_feeds, None, budget)
-        # Unproven is not proven: keep the original regions, and say how to give real inputs.
-        report.validated = None
-        if _does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
-            report.validation_note = (
-                f"nothing applied: the original model does not load on this onnxruntime ({short(err)}), so no fused "
-                "region can be proven against it; whatever the inputs, skipping the check (validate=False / "
-                "--no-validate) is the only way to apply one"
-            )
-            return dict.fromkeys(entries, ("not validated (the original does not load on onnxruntime)", float("nan")))
-        if feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
-            report.validation_note = (
-                f"nothing applied: the original model does not run on the given feeds ({short(err)}); check their "
-                "shapes against the model's inputs, or skip the check (validate=False / --no-validate)"
-            )
-            reason = "not validated (the original does not run on the given feeds)"
-            return dict.fromkeys(entries, (reason, float("nan")))
-        report.validation_note = (
-            f"nothing applied: the original model does not run on generated inputs ({short(err)}); "
-            "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
-        )
-        reason = "not validated (the original does not run on generated inputs)"
-        return dict.fromkeys(entries, (reason, float("nan")))
+        copies = float32_copies(original, fused, feeds, weights, err)
+        if copies is None:
+            return _original_does_not_run(report, entries, feeds, err)
+        report.notes.append(FLOAT32_COPIES_NOTE)
+        wide_original, wide_fused, wide_feeds = copies
+        return judge(wide_original, wide_fused, report, wide_feeds, None, budget)
     try:
         actual = validate.run(fused, data, names, weights=weights)
     except Exception as err:
@@ -87,7 +64,7 @@ def _judge(
         report.validation_note = f"the fused model does not run on onnxruntime: {short(err)}"
         return dict.fromkeys(entries, (f"fused model failed to run: {short(err)}", float("inf")))
     outputs = [o.name for o in original.graph.output]
-    regions, cmps = _judged(original, data, expected, actual, names, entries, outputs, weights, budget)
+    regions, cmps = compared_outputs(original, data, expected, actual, names, entries, outputs, weights, budget)
     failing: dict[RegionKey, tuple[str, float]] = {}
     for key, cmp in regions.items():
         entries[key].max_abs_diff = cmp.max_abs_diff
@@ -96,165 +73,94 @@ def _judge(
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
     # protobuf's limit is run once: each further run of a multi-GB model costs its size again.
     if feeds is None and (weights is None or not weights.large):
-        for label, masked in inputs.mask_feed_sets(data).items():
-            progress.stage(f"validating {len(entries)} fused regions on onnxruntime: {label} feeds")
-            # half precision: finite values asked on these feeds, the masks judged on float32 copies of both
-            # (not on a redraw: it asks finiteness only, the first large-scores set judges the meaning)
-            float32_copies = not inputs.is_redraw(label)
-            more = _compare_on(
-                original, fused, masked, names, outputs, entries, weights, True, budget, float32_copies=float32_copies
-            )
-            if more is None:
-                continue  # the original does not run on these: they say nothing
-            for key, diff in more["regions"].items():
-                if key not in failing:
-                    failing[key] = (f"outputs differ from the original by {diff:.3g} on {label} feeds", diff)
-            cmps.extend(more["outputs"])
+        _judge_mask_feeds(original, fused, data, names, outputs, entries, weights, budget, failing, cmps)
     for key, why in fill_reach.reached(original, data, entries, weights).items():
         failing.setdefault(key, why)
+    return _verdict(report, entries, cmps, failing)
+
+
+def _over_budget(
+    report: Report, entries: dict[RegionKey, RegionReport | RotaryReport], err: memory.OverBudget
+) -> dict[RegionKey, tuple[str, float]]:
+    """Nothing proven, because the original's run alone would exceed the validation memory budget."""
+    report.validated = None
+    report.validation_note = (
+        f"nothing applied: {err}; raise the budget (Budgets(validation_bytes=…) / --memory-budget GB), give "
+        "smaller inputs (feeds= / --feeds), or skip the check (validate=False / --no-validate)"
+    )
+    return dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan")))
+
+
+def _original_does_not_run(
+    report: Report, entries: dict[RegionKey, RegionReport | RotaryReport], feeds: dict | None, err: Exception
+) -> dict[RegionKey, tuple[str, float]]:
+    """Unproven is not proven: keep the original regions, and say how to give real inputs — or, where no
+    input is at fault, that the check can only be skipped."""
+    report.validated = None
+    if does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
+        report.validation_note = (
+            f"nothing applied: the original model does not load on this onnxruntime ({short(err)}), so no fused "
+            "region can be proven against it; whatever the inputs, skipping the check (validate=False / "
+            "--no-validate) is the only way to apply one"
+        )
+        return dict.fromkeys(entries, ("not validated (the original does not load on onnxruntime)", float("nan")))
+    if feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
+        report.validation_note = (
+            f"nothing applied: the original model does not run on the given feeds ({short(err)}); check their "
+            "shapes against the model's inputs, or skip the check (validate=False / --no-validate)"
+        )
+        reason = "not validated (the original does not run on the given feeds)"
+        return dict.fromkeys(entries, (reason, float("nan")))
+    report.validation_note = (
+        f"nothing applied: the original model does not run on generated inputs ({short(err)}); "
+        "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
+    )
+    reason = "not validated (the original does not run on generated inputs)"
+    return dict.fromkeys(entries, (reason, float("nan")))
+
+
+def _judge_mask_feeds(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    data: dict,
+    names: list[str],
+    outputs: list[str],
+    entries: dict,
+    weights: protos.DetachedWeights | None,
+    budget: int | None,
+    failing: dict[RegionKey, tuple[str, float]],
+    cmps: list[validate.Comparison],
+) -> None:
+    """Both models on each mask-exercising feed set made from ``data``: a region failing there is added to
+    ``failing`` (unless already there), the graph outputs' comparisons to ``cmps``."""
+    for label, masked in inputs.mask_feed_sets(data).items():
+        progress.stage(f"validating {len(entries)} fused regions on onnxruntime: {label} feeds")
+        # half precision: finite values asked on these feeds, the masks judged on float32 copies of both
+        # (not on a redraw: it asks finiteness only, the first large-scores set judges the meaning)
+        copies = not inputs.is_redraw(label)
+        more = compare_on(
+            original, fused, masked, names, outputs, entries, weights, True, budget, float32_copies=copies
+        )
+        if more is None:
+            continue  # the original does not run on these: they say nothing
+        for key, diff in more["regions"].items():
+            if key not in failing:
+                failing[key] = (f"outputs differ from the original by {diff:.3g} on {label} feeds", diff)
+        cmps.extend(more["outputs"])
+
+
+def _verdict(
+    report: Report,
+    entries: dict[RegionKey, RegionReport | RotaryReport],
+    cmps: list[validate.Comparison],
+    failing: dict[RegionKey, tuple[str, float]],
+) -> dict[RegionKey, tuple[str, float]]:
+    """The report's verdict, and what to roll back: graph outputs off with no region singled out roll back all."""
     report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
     report.validated = all(c.ok for c in cmps) and not failing
     if not report.validated and not failing:  # outputs off but nothing singled out: roll back all
         failing = dict.fromkeys(entries, (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff))
     return failing
-
-
-def _compare_on(
-    original: onnx.ModelProto,
-    fused: onnx.ModelProto,
-    data: dict,
-    names: list[str],
-    outputs: list[str],
-    entries: dict,
-    weights: protos.DetachedWeights | None,
-    finite_only: bool = False,
-    budget: int | None = None,
-    copies: bool = False,
-    float32_copies: bool = True,
-) -> dict | None:
-    """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
-    where the original does not run on them. ``float32_copies``: a half-precision model judged for finiteness
-    is also judged on float32 copies of both (:func:`_compare_widened`)."""
-    try:
-        expected = validate.run(original, data, names, weights=weights)
-    except Exception:
-        return None
-    try:
-        actual = validate.run(fused, data, names, weights=weights)
-    except Exception:
-        return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
-    regions, compared = _judged(
-        original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only, copies
-    )
-    failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
-    if finite_only and float32_copies and _half(expected):
-        wide = _compare_widened(original, fused, data, names, outputs, entries, weights, budget)
-        for key, diff in wide["regions"].items():
-            failing.setdefault(key, diff)
-        compared.extend(wide["outputs"])
-    return {"regions": failing, "outputs": compared}
-
-
-def _half(outputs: dict) -> bool:
-    return any(np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= 16 for v in outputs.values())
-
-
-def _compare_widened(
-    original: onnx.ModelProto,
-    fused: onnx.ModelProto,
-    data: dict,
-    names: list[str],
-    outputs: list[str],
-    entries: dict,
-    weights: protos.DetachedWeights | None,
-    budget: int | None,
-) -> dict:
-    """A half-precision model on mask-exercising feeds, judged on float32 copies of both models.
-
-    Those feeds make query rows whose every key is masked — by design (a batch row all padding) or by padding
-    on the left under a causal mask. In half precision such a row is the fill's rounding, which no kernel is
-    bound to reproduce (only finiteness is asked of it there), so a fused op that gives 0, or anything else,
-    in place of what the graph computes would go unseen; widened, the fill no longer rounds the scores away
-    and the row has one answer, which the fused model must give too. Nothing is judged
-    (empty) for a model past protobuf's limit, where the copies would cost its weights twice more, or where
-    the widened original does not run."""
-    nothing: dict = {"regions": {}, "outputs": []}
-    if weights is not None and weights.large:
-        return nothing
-    wide = _widened_copies(original, fused, weights)
-    data = validate.upcast_feeds(data, fills=True)
-    try:
-        memory.check(wide[0], data, budget, weights_mapped=False)
-    except memory.OverBudget:
-        return nothing
-    return _compare_on(wide[0], wide[1], data, names, outputs, entries, None, budget=budget, copies=True) or nothing
-
-
-def _judged(
-    original: onnx.ModelProto,
-    data: dict,
-    expected: dict,
-    actual: dict,
-    names: list[str],
-    entries: dict,
-    outputs: list[str],
-    weights: protos.DetachedWeights | None,
-    budget: int | None,
-    where_defined: bool = False,
-    finite_only: bool = False,
-    copies: bool = False,
-) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
-    """The comparisons on one feed set (``copies``: float32 copies of a half-precision model, see
-    :func:`egfuse.validate.compare`'s ``copy_of_half``); where one fails, judged again against a float64 run
-    of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
-    decided by rounding."""
-    how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
-    if validate.reference_unread(expected, finite_only):
-        return _comparisons(expected, actual, {}, entries, outputs, **how)
-    reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
-    regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how)
-    absorbed: dict = {}
-    if not all(c.ok for c in [*regions.values(), *compared]) and reference and _half(expected):
-        # half precision: a row a fill hides entirely has two correct values (validate.fill_decided)
-        absorbed = validate.references(original, data, expected, names, weights=weights, budget=budget, fills=True)
-        regions, compared = _comparisons(expected, actual, reference, entries, outputs, **how, absorbed=absorbed)
-    if not all(c.ok for c in [*regions.values(), *compared]):
-        wide = validate.references(original, data, expected, names, weights=weights, budget=budget, float32_too=True)
-        if wide:
-            fill = validate.largest_fill(original, data)
-            regions, compared = _comparisons(
-                expected, actual, {**wide, **reference}, entries, outputs, **how, fill=fill, absorbed=absorbed
-            )
-    return regions, compared
-
-
-def _comparisons(
-    expected: dict,
-    actual: dict,
-    reference: dict,
-    entries: dict,
-    outputs: list[str],
-    *,
-    where_defined: bool,
-    finite_only: bool = False,
-    fill: float = 0.0,
-    copy_of_half: bool = False,
-    absorbed: dict | None = None,
-) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
-    """Each fused entry's output and each graph output, original against fused (``absorbed``: the second
-    references of a half-precision model, :func:`egfuse.validate.fill_decided`)."""
-    how = {"where_defined": where_defined, "finite_only": finite_only, "fill": fill, "copy_of_half": copy_of_half}
-    absorbed = absorbed or {}
-
-    def one(name: str) -> validate.Comparison:
-        return validate.compare(
-            name, expected[name], actual[name], reference.get(name), absorbed=absorbed.get(name), **how
-        )
-
-    judged = {key: r.output for key, r in entries.items() if r.output and r.output in expected and r.output in actual}
-    regions = {key: one(name) for key, name in judged.items()}
-    graph = [one(n) for n in outputs if n in actual]
-    return regions, graph
 
 
 def fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:
@@ -313,56 +219,3 @@ def upstream_only(
 def short(err: BaseException) -> str:
     text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return text[:300]
-
-
-FLOAT32_COPIES_NOTE = (
-    "validated on float32 copies of both models: onnxruntime's CPU provider has no bfloat16 kernels for this model, "
-    "so what each fused region computes is checked, and bfloat16's own rounding (the kernel's) is not"
-)
-
-
-def _float32_copies(
-    original: onnx.ModelProto,
-    fused: onnx.ModelProto,
-    feeds: dict | None,
-    weights: protos.DetachedWeights | None,
-    err: Exception,
-) -> tuple[onnx.ModelProto, onnx.ModelProto, dict | None] | None:
-    """Float32 copies of both models (and the feeds) where onnxruntime refused a bfloat16 original for want of
-    kernels — its CPU provider runs few bfloat16 ops, the GPUs that run such models do. bfloat16 has float32's
-    exponent range, so the copies keep what the masks' fills and every overflow mean, and only the rounding
-    is the kernel's. None for any other failure, for a model without bfloat16 values, and for a model past
-    protobuf's limit (the copies would cost its weights twice more)."""
-    if not _does_not_load(err) or not _holds_bfloat16(original) or (weights is not None and weights.large):
-        return None
-    wide_original, wide_fused = _widened_copies(original, fused, weights)
-    return wide_original, wide_fused, validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
-
-
-def _widened_copies(
-    original: onnx.ModelProto, fused: onnx.ModelProto, weights: protos.DetachedWeights | None
-) -> list[onnx.ModelProto]:
-    """Float32 copies of both models, their weights put back, a half type's fills kept at float32's ends."""
-    wide = []
-    for model in (original, fused):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        wide.append(validate.upcast(weights.restore(copy) if weights is not None else copy, fills=True))
-    return wide
-
-
-def _holds_bfloat16(model: onnx.ModelProto) -> bool:
-    graph = model.graph
-    infos = [*graph.input, *graph.output, *graph.value_info]
-    return any(v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 for v in infos) or any(
-        t.data_type == onnx.TensorProto.BFLOAT16 for t in graph.initializer
-    )
-
-
-def _does_not_load(err: Exception) -> bool:
-    """onnxruntime refused the graph when making the session (an op it has no kernel for, an invalid graph),
-    not the inputs when running it."""
-    text = str(err)
-    return any(
-        sign in text for sign in ("Load model", "NOT_IMPLEMENTED", "INVALID_GRAPH", "Could not find an implementation")
-    )

@@ -9,6 +9,8 @@ Commutative operands are put in canonical order (constant second), instead of ge
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx_ir as ir
 
 from egfuse.lang import perm_string
@@ -56,78 +58,54 @@ class Lowerer(LayoutTerms, PieceTerms):
                 self.table.commands.append(f"(union {ref} {self._leaf(out)})")
 
     def _term(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """The term for ``node`` (its inputs lowered to ``args``), or None for an op form the rules do not know."""
         op = node.op_type
-        ins = node.inputs
         if len(args) < _required_inputs(op) or any(a is None for a in args[: _required_inputs(op)]):
             return None  # an input missing: not the op the rules know
-        if op == "Max" and len(args) == 2:
-            a, b = args[0], args[1]
-            if self._is_constant(ins[0]) and not self._is_constant(ins[1]):
-                a, b = b, a  # canonical order: the constant operand second
-            return self._call("maximum", a, b)
-        if op in ("Add", "Mul"):
-            a, b = args[0], args[1]
-            if self._is_constant(ins[0]) and not self._is_constant(ins[1]):
-                a, b = b, a  # canonical order: the constant operand second
-            return self._call(op.lower(), a, b)
-        if op in ("Sub", "Div", "MatMul"):
-            return self._call(op.lower(), args[0], args[1])
-        if op == "Where":
-            return self._call("where", *args[:3])
-        if op == "Dropout":
-            return args[0] if is_inference_dropout(node, self.facts) else None
-        if op == "Expand":
-            return self._expand(node, args[0])
-        if op == "Identity":
+        build = _TERMS.get(op)
+        return None if build is None else build(self, node, args)
+
+    def _commutative(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """``Add``, ``Mul`` and two-input ``Max`` with the constant operand second: commutation as one spelling."""
+        if node.op_type == "Max" and len(args) != 2:
+            return None
+        a, b = args[0], args[1]
+        if self._is_constant(node.inputs[0]) and not self._is_constant(node.inputs[1]):
+            a, b = b, a  # canonical order: the constant operand second
+        return self._call("maximum" if node.op_type == "Max" else node.op_type.lower(), a, b)
+
+    def _cast(self, node: ir.Node, args: list[str | None]) -> str | None:
+        to = int(node.attributes["to"].value)
+        source = node.inputs[0]
+        if source.dtype is not None and int(source.dtype) == to:
+            return args[0]  # a cast to the dtype it already has is the identity
+        negated = self._negated_flag(source, to)
+        return negated or self._call("cast", args[0], str(to))
+
+    def _cast_like(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """A Cast to the like-operand's dtype (torch 2.1's softmax ends in one)."""
+        source, like = node.inputs[0], node.inputs[1]
+        if like is None or like.dtype is None:
+            return None
+        to = int(like.dtype)
+        if source.dtype is not None and int(source.dtype) == to:
             return args[0]
-        if op in ("IsNaN", "Sqrt", "Tanh", "Reciprocal", "Erf", "Neg", "Cos", "Sin"):
-            return self._call(op.lower(), args[0])
-        if op == "Gather":
-            return self._rows(node, args)
-        if op == "GatherND":
-            return self._rows_nd(node, args)
-        if op == "Tile":
-            return self._tile(node, args[0])
-        if op == "Pow":
-            return self._call("pow", args[0], args[1])
-        if op == "ReduceMean":
-            return self._reduce_mean(node, args[0])
-        if op == "LayerNormalization" and len(args) > 1 and args[1] is not None:
-            return self._layer_norm(node, args)
-        if op == "Cast":
-            to = int(node.attributes["to"].value)
-            if ins[0].dtype is not None and int(ins[0].dtype) == to:
-                return args[0]  # a cast to the dtype it already has is the identity
-            negated = self._negated_flag(ins[0], to)
-            return negated or self._call("cast", args[0], str(to))
-        if op == "CastLike" and ins[1] is not None and ins[1].dtype is not None:
-            to = int(ins[1].dtype)  # a Cast to the like-operand's dtype (torch 2.1's softmax ends in one)
-            if ins[0].dtype is not None and int(ins[0].dtype) == to:
-                return args[0]
-            return self._call("cast", args[0], str(to))
-        if op == "Softmax":
-            return self._softmax(node, args[0])
-        if op == "Transpose":
-            rank = self.facts.rank(ins[0])
-            perm_attr = node.attributes.get("perm")
-            if perm_attr is None and rank is None:
-                return None
-            perm = list(perm_attr.value) if perm_attr is not None else list(reversed(range(rank)))
-            return self._call("transpose", args[0], quoted(perm_string(perm)))
-        if op == "Reshape":
-            return self._reshape(node, args)
-        if op == "Einsum" and len(args) == 2:
+        return self._call("cast", args[0], str(to))
+
+    def _transpose(self, node: ir.Node, args: list[str | None]) -> str | None:
+        rank = self.facts.rank(node.inputs[0])
+        perm_attr = node.attributes.get("perm")
+        if perm_attr is None and rank is None:
+            return None
+        perm = list(perm_attr.value) if perm_attr is not None else list(reversed(range(rank)))
+        return self._call("transpose", args[0], quoted(perm_string(perm)))
+
+    def _einsum_any(self, node: ir.Node, args: list[str | None]) -> str | None:
+        """A two-operand Einsum (a product) or a one-operand one (a permutation)."""
+        if len(args) == 2:
             return self._einsum(node, args)
-        if op == "Einsum" and len(args) == 1:
+        if len(args) == 1:
             return self._einsum_permutation(node, args[0])
-        if op == "Conv":
-            return self._conv1x1(node, args)
-        if op == "Concat":
-            return self._concat(node, args)
-        if op == "Slice":
-            return self._slice(node, args[0])
-        if op in ("Squeeze", "Unsqueeze"):
-            return self._squeezed(node, args[0])
         return None
 
     def _squeezed(self, node: ir.Node, arg: str) -> str | None:
@@ -181,6 +159,40 @@ class Lowerer(LayoutTerms, PieceTerms):
             return None
         return self._call("softmax", arg)
 
+
+_TermBuilder = Callable[[Lowerer, ir.Node, list[str | None]], str | None]
+
+_UNARY = ("IsNaN", "Sqrt", "Tanh", "Reciprocal", "Erf", "Neg", "Cos", "Sin")
+_BINARY = ("Sub", "Div", "MatMul", "Pow")
+
+_TERMS: dict[str, _TermBuilder] = {
+    **{op: Lowerer._commutative for op in ("Max", "Add", "Mul")},
+    **{op: lambda self, node, args: self._call(node.op_type.lower(), args[0], args[1]) for op in _BINARY},
+    **{op: lambda self, node, args: self._call(node.op_type.lower(), args[0]) for op in _UNARY},
+    "Where": lambda self, node, args: self._call("where", *args[:3]),
+    "Dropout": lambda self, node, args: args[0] if is_inference_dropout(node, self.facts) else None,
+    "Identity": lambda self, node, args: args[0],
+    "Expand": lambda self, node, args: self._expand(node, args[0]),
+    "Gather": lambda self, node, args: self._rows(node, args),
+    "GatherND": lambda self, node, args: self._rows_nd(node, args),
+    "Tile": lambda self, node, args: self._tile(node, args[0]),
+    "ReduceMean": lambda self, node, args: self._reduce_mean(node, args[0]),
+    "LayerNormalization": lambda self, node, args: (
+        self._layer_norm(node, args) if len(args) > 1 and args[1] is not None else None
+    ),
+    "Cast": Lowerer._cast,
+    "CastLike": Lowerer._cast_like,
+    "Softmax": lambda self, node, args: self._softmax(node, args[0]),
+    "Transpose": Lowerer._transpose,
+    "Reshape": lambda self, node, args: self._reshape(node, args),
+    "Einsum": Lowerer._einsum_any,
+    "Conv": lambda self, node, args: self._conv1x1(node, args),
+    "Concat": lambda self, node, args: self._concat(node, args),
+    "Slice": lambda self, node, args: self._slice(node, args[0]),
+    "Squeeze": lambda self, node, args: self._squeezed(node, args[0]),
+    "Unsqueeze": lambda self, node, args: self._squeezed(node, args[0]),
+}
+"""ONNX op → its term: the ops the rules know, each with the checks its form needs (others are opaque leaves)."""
 
 _ROTARY_TERMS = ("neg", "cos", "sin", "rows", "rows_nd", "strided", "unsqueeze", "sliced")
 """Terms of ops that only rotations are proven through."""

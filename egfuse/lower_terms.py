@@ -131,10 +131,25 @@ class TermWriter:
         self.table.commands.extend(line.replace(_TERM, term) for line in lines)
 
     def _fact_lines(self, value: ir.Value, leaf: bool) -> list[str]:
+        """The commands stating ``value``'s facts on the placeholder ``_TERM`` (a leaf also gets those of a
+        value read from outside the region: its scalar, its stored weight's dims)."""
         term = _TERM
         cmds: list[str] = []
         if value.dtype is not None:
             cmds.append(f"(set ({self.n['dtype_of']} {term}) {int(value.dtype)})")
+        cmds.extend(self._shape_fact_lines(value))
+        if self.facts.finite(value):
+            # a finite constant, a mask made of finite fills outside the region, or — inside it — a bias computed
+            # from bounded values (ALiBi's slopes · positions, where the first region computes the shared bias)
+            cmds.append(f"({self.n['finite']} {term})")
+        if leaf:
+            cmds.extend(self._leaf_fact_lines(value))
+        return cmds
+
+    def _shape_fact_lines(self, value: ir.Value) -> list[str]:
+        """Rank and the dims rules compare: whether the heads axis is trivial, the rows, the heads, the last dim."""
+        term = _TERM
+        cmds: list[str] = []
         rank = self.facts.rank(value)
         if rank is not None:
             cmds.append(f"(set ({self.n['rank_of']} {term}) {rank})")
@@ -146,6 +161,15 @@ class TermWriter:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} -2) "{shape[-2]}")')
             if rank == 4 and shape[1] is not None and shape[1].static is not None:
                 cmds.append(f"(set ({self.n['heads_of']} {term}) {shape[1].static})")
+        cmds.extend(self._axis_dim_lines(rank, shape))
+        if shape is not None and shape and shape[-1] is not None and shape[-1].static is not None:
+            cmds.append(f"(set ({self.n['last_dim']} {term}) {shape[-1].static})")
+        return cmds
+
+    def _axis_dim_lines(self, rank: int | None, shape: tuple[Dim | None, ...] | None) -> list[str]:
+        """The dims of the axes an attention layout names, by rank: what folding or merging them needs."""
+        term = _TERM
+        cmds: list[str] = []
         if rank == 4:  # heads and head size of a (B, N, S, H) tensor: what an op taking (B, S, N·H) needs
             for axis in (1, 3):
                 if shape[axis] is not None and shape[axis].static is not None:
@@ -164,14 +188,12 @@ class TermWriter:
             last = shape[2]  # the head size of a (B, S, H) single head
             if last is not None and last.static is not None:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} 2) "{last.static}")')
-        if shape is not None and shape and shape[-1] is not None and shape[-1].static is not None:
-            cmds.append(f"(set ({self.n['last_dim']} {term}) {shape[-1].static})")
-        if self.facts.finite(value):
-            # a finite constant, a mask made of finite fills outside the region, or — inside it — a bias computed
-            # from bounded values (ALiBi's slopes · positions, where the first region computes the shared bias)
-            cmds.append(f"({self.n['finite']} {term})")
-        if not leaf:
-            return cmds
+        return cmds
+
+    def _leaf_fact_lines(self, value: ir.Value) -> list[str]:
+        """A leaf's scalar value, and a stored weight's trailing dims (and a cos/sin table's repeated halves)."""
+        term = _TERM
+        cmds: list[str] = []
         scalar = self.facts.scalar(value)
         if scalar is not None and not math.isnan(scalar):  # ±inf are kept: −inf is the usual mask fill
             cmds.append(f"(set ({self.n['scalar_of']} {term}) {float_text(scalar)})")

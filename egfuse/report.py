@@ -115,6 +115,8 @@ class Report:
         return f" ({distinct} distinct)" if distinct and distinct < len(self.regions) else ""
 
     def __str__(self) -> str:
+        """The report as the CLI prints it: the summary, what was fused beside attention, the verdict and notes,
+        one row per attention region, then time and rules."""
         lines = [
             f"egfuse {self.egfuse_version}: {self.source} → target {self.target}",
             f"  attention fused: {self.fused}/{len(self.regions)}{self._distinct()}   "
@@ -123,18 +125,38 @@ class Report:
         written = self.fused_ops()
         if written:
             lines.append("  ops written: " + ", ".join(f"{op} ×{count}" for op, count in written.items()))
-        if self.rotary:
-            fused = sum(r.status == "fused" for r in self.rotary)
-            variants = sorted({r.variant for r in self.rotary if r.status == "fused" and r.variant})
-            kinds = f" ({'; '.join(variants)})" if variants else ""
-            lines.append(f"  rotary embeddings fused: {fused}/{len(self.rotary)}{kinds}")
-            missed = [r for r in self.rotary if r.status != "fused"]
-            lines.extend(f"       rotary {r.index} at {r.output}: {r.status} — {r.reason}" for r in missed)
-        if self.layer_ops:
-            fused = sum(r.status == "fused" for r in self.layer_ops)
-            lines.append(f"  norms and activations fused: {fused}/{len(self.layer_ops)}")
-            missed = [r for r in self.layer_ops if r.status == "rolled back"]
-            lines.extend(f"       {r.softmax} at {r.output}: {r.status} — {r.reason}" for r in missed)
+        lines.extend(self._rotary_lines())
+        lines.extend(self._layer_op_lines())
+        lines.extend(self._verdict_lines())
+        lines.extend(self._region_rows())
+        lines.extend(self._search_lines())
+        return "\n".join(lines)
+
+    def _rotary_lines(self) -> list[str]:
+        """How many rotations were fused (of which variants), and each one that was not, with why."""
+        if not self.rotary:
+            return []
+        fused = sum(r.status == "fused" for r in self.rotary)
+        variants = sorted({r.variant for r in self.rotary if r.status == "fused" and r.variant})
+        kinds = f" ({'; '.join(variants)})" if variants else ""
+        lines = [f"  rotary embeddings fused: {fused}/{len(self.rotary)}{kinds}"]
+        missed = [r for r in self.rotary if r.status != "fused"]
+        lines.extend(f"       rotary {r.index} at {r.output}: {r.status} — {r.reason}" for r in missed)
+        return lines
+
+    def _layer_op_lines(self) -> list[str]:
+        """How many norms and activations were fused, and each one rolled back, with why."""
+        if not self.layer_ops:
+            return []
+        fused = sum(r.status == "fused" for r in self.layer_ops)
+        lines = [f"  norms and activations fused: {fused}/{len(self.layer_ops)}"]
+        missed = [r for r in self.layer_ops if r.status == "rolled back"]
+        lines.extend(f"       {r.softmax} at {r.output}: {r.status} — {r.reason}" for r in missed)
+        return lines
+
+    def _verdict_lines(self) -> list[str]:
+        """Validation's verdict, its note, the report's notes and the loud note."""
+        lines = []
         if self.validated is not None:
             verdict = "passed" if self.validated else "FAILED"
             diff = f" (max abs diff {self.max_abs_diff:.2e})" if self.max_abs_diff is not None else ""
@@ -145,6 +167,12 @@ class Report:
         loud = self.loud_note()
         if loud:
             lines.append(f"  NOTE: {loud}")
+        return lines
+
+    def _region_rows(self) -> list[str]:
+        """A table of the attention regions: result and details per row, a too-long softmax name on a line of
+        its own above its row, each region's notes and the form chosen below it."""
+        lines = []
         width = min(max((len(r.softmax) for r in self.regions), default=12), _NAME_WIDTH)
         results = [f"fused → {r.fused_into}" if r.status == "fused" else r.status for r in self.regions]
         result_width = max((len(text) for text in results), default=6)
@@ -162,6 +190,11 @@ class Report:
             lines.extend(f"       note: {n}" for n in r.notes)
             if r.status == "fused" and (choice := _choice_line(r)):
                 lines.append(f"       {choice}")
+        return lines
+
+    def _search_lines(self) -> list[str]:
+        """Where the time went, how the e-graph grew, and the rules that fired most."""
+        lines = []
         timing = self.stats.get("seconds_total")
         if timing is not None:
             lines.append(
@@ -175,7 +208,7 @@ class Report:
             top = ", ".join(f"{name} ×{count}" for name, count in list(self.rules.items())[:5])
             families = sorted({name.split(".")[0] for name in self.rules})
             lines.append(f"  rules applied: {len(self.rules)} ({', '.join(families)}); most: {top}")
-        return "\n".join(lines)
+        return lines
 
 
 WRITTEN_NOTE = "fused over the ops as written"

@@ -63,18 +63,10 @@ def _match(concat: ir.Node, anchor: ir.Node, interleaved: bool, facts: GraphFact
     width = shape[-1].static if shape[-1] is not None else None
     if width is None or width % 2:
         raise NoMatch("the rotated width is not a known even number")
-    half = width // 2
     if interleaved:
         _check_interleaved(concat, anchor, kept_part, negated_part, xr, width, facts)
     else:
-        if axis_of(concat.attributes, 4) != 3:
-            raise NoMatch("rotate_half does not concatenate along the last axis")
-        if _slice_range(kept_part, facts, width) != (0, half, 1) or _slice_range(negated_part, facts, width) != (
-            half,
-            width,
-            1,
-        ):
-            raise NoMatch("the swapped halves are not x[..., :R/2] and x[..., R/2:]")
+        _check_rotate_half(concat, kept_part, negated_part, width, facts)
     rotated = anchor.outputs[0]
     mul_sin = _only_consumer(rotated, "Mul")
     sin4 = _other_input(mul_sin, rotated)
@@ -83,25 +75,7 @@ def _match(concat: ir.Node, anchor: ir.Node, interleaved: bool, facts: GraphFact
     if mul_cos is None or mul_cos.op_type != "Mul" or xr not in mul_cos.inputs:
         raise NoMatch("the rotation's other term is not x · cos")
     cos4 = _other_input(mul_cos, xr)
-    x, output, head = xr, add.outputs[0], width
-    source = producer(xr)
-    if source is not None and source.op_type == "Slice":  # partial: x[..., :R] rotated, x[..., R:] kept
-        x = source.inputs[0]
-        x_shape = facts.shape(x)
-        head = x_shape[-1].static if x_shape and len(x_shape) == 4 and x_shape[-1] is not None else None
-        if head is None or _slice_range(source, facts, head) != (0, width, 1):
-            raise NoMatch("the rotated part is not x[..., :R] of a 4D x with a known head size")
-        putback = _only_consumer(output, "Concat")
-        kept = producer(putback.inputs[1]) if len(putback.inputs) == 2 and putback.inputs[0] is output else None
-        if (
-            kept is None
-            or kept.op_type != "Slice"
-            or kept.inputs[0] is not x
-            or _slice_range(kept, facts, head) != (width, head, 1)
-            or axis_of(putback.attributes, 4) != 3
-        ):
-            raise NoMatch("the rotated part is not concatenated back with x[..., R:]")
-        output = putback.outputs[0]
+    x, output, head = _whole_head(xr, add.outputs[0], width, facts)
     cos, heads_axis, cos_batch = table_for(cos4, x, width, interleaved, facts, "cos")
     sin, sin_heads_axis, sin_batch = table_for(sin4, x, width, interleaved, facts, "sin")
     if heads_axis != sin_heads_axis:
@@ -112,6 +86,45 @@ def _match(concat: ir.Node, anchor: ir.Node, interleaved: bool, facts: GraphFact
     if not (x.dtype == cos.dtype == sin.dtype):
         raise NoMatch("the cos/sin tables and x have different element types")
     return Rotation(x, output, cos, sin, width, head, heads.static, heads_axis, interleaved, cos_batch or sin_batch)
+
+
+def _check_rotate_half(
+    concat: ir.Node, kept_part: ir.Node, negated_part: ir.Node, width: int, facts: GraphFacts
+) -> None:
+    """``Concat(−x[..., R/2:], x[..., :R/2])`` along the last axis; raises :class:`NoMatch` otherwise."""
+    half = width // 2
+    if axis_of(concat.attributes, 4) != 3:
+        raise NoMatch("rotate_half does not concatenate along the last axis")
+    if _slice_range(kept_part, facts, width) != (0, half, 1) or _slice_range(negated_part, facts, width) != (
+        half,
+        width,
+        1,
+    ):
+        raise NoMatch("the swapped halves are not x[..., :R/2] and x[..., R/2:]")
+
+
+def _whole_head(xr: ir.Value, output: ir.Value, width: int, facts: GraphFacts) -> tuple[ir.Value, ir.Value, int]:
+    """The tensor rotated, the rotation's output and the head size: ``xr`` itself, or — a partial rotation,
+    ``Concat(rotate(x[..., :R]), x[..., R:])`` — the whole x, the Concat putting the rest back, and x's width."""
+    source = producer(xr)
+    if source is None or source.op_type != "Slice":
+        return xr, output, width
+    x = source.inputs[0]  # partial: x[..., :R] rotated, x[..., R:] kept
+    x_shape = facts.shape(x)
+    head = x_shape[-1].static if x_shape and len(x_shape) == 4 and x_shape[-1] is not None else None
+    if head is None or _slice_range(source, facts, head) != (0, width, 1):
+        raise NoMatch("the rotated part is not x[..., :R] of a 4D x with a known head size")
+    putback = _only_consumer(output, "Concat")
+    kept = producer(putback.inputs[1]) if len(putback.inputs) == 2 and putback.inputs[0] is output else None
+    if (
+        kept is None
+        or kept.op_type != "Slice"
+        or kept.inputs[0] is not x
+        or _slice_range(kept, facts, head) != (width, head, 1)
+        or axis_of(putback.attributes, 4) != 3
+    ):
+        raise NoMatch("the rotated part is not concatenated back with x[..., R:]")
+    return x, putback.outputs[0], head
 
 
 def _check_interleaved(

@@ -125,33 +125,73 @@ def compare(
     (0 for the mean of V in a fully masked row is off by the values themselves).
     ``absorbed``: a half-precision output's second float32 reference, with the fills kept absorbing
     (:func:`fill_decided`); a row the two references disagree on need only be finite."""
-    if where_defined and np.issubdtype(expected.dtype, np.floating) and expected.shape == actual.shape:
-        undefined = np.isnan(expected)
-        if undefined.any():
-            actual = np.where(undefined, expected, actual)
-            if reference is not None and reference.shape == expected.shape:
-                reference = np.where(undefined, expected.astype(reference.dtype), reference)
+    if where_defined:
+        actual, reference = _undefined_agreed(expected, actual, reference)
     if expected.shape != actual.shape:
         return Comparison(name, float("inf"), False)
     if not np.issubdtype(expected.dtype, np.floating):
         same = bool(np.array_equal(expected, actual))
         return Comparison(name, 0.0 if same else float("inf"), same)
-    worst, diff = _max_diff(expected, actual)
     half = np.finfo(expected.dtype).bits <= 16
-    finite = np.isfinite(actual) | ~np.isfinite(expected)
     if half and finite_only:  # only finiteness asked: no closeness to report, a non-finite value is infinitely off
-        ok = bool(np.all(_rows(finite) | ~_rows(np.isfinite(expected))))
-        return Comparison(name, 0.0 if ok else float("inf"), ok)
+        return _finite_where_original_is(name, expected, actual)
     if half and reference is not None and reference.shape == expected.shape:
-        own = _rows(_max_diff(reference, expected)[1])
-        rounding = (own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)) | fill_decided(
-            expected.dtype, reference, absorbed
-        )
-        close = _as_close_as_original(expected, actual, reference, ~rounding)
-        judged = _rows(diff)[~rounding]  # the difference reported: over the rows judged for closeness
-        return Comparison(
-            name, float(judged.max()) if judged.size else 0.0, bool(np.all(close | (rounding & _rows(finite))))
-        )
+        return _half_against_reference(name, expected, actual, reference, absorbed)
+    return _within_tolerance(name, expected, actual, reference, half=half, fill=fill, copy_of_half=copy_of_half)
+
+
+def _undefined_agreed(
+    expected: np.ndarray, actual: np.ndarray, reference: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``actual`` (and ``reference``) given the original's NaN wherever the original has one: what the
+    original leaves undefined (a query row a −inf mask hides entirely) asks nothing of the fused op."""
+    if np.issubdtype(expected.dtype, np.floating) and expected.shape == actual.shape:
+        undefined = np.isnan(expected)
+        if undefined.any():
+            actual = np.where(undefined, expected, actual)
+            if reference is not None and reference.shape == expected.shape:
+                reference = np.where(undefined, expected.astype(reference.dtype), reference)
+    return actual, reference
+
+
+def _finite_where_original_is(name: str, expected: np.ndarray, actual: np.ndarray) -> Comparison:
+    """A half-precision output on feeds that mask whole rows: each row finite wherever the original's is."""
+    finite = np.isfinite(actual) | ~np.isfinite(expected)
+    ok = bool(np.all(_rows(finite) | ~_rows(np.isfinite(expected))))
+    return Comparison(name, 0.0 if ok else float("inf"), ok)
+
+
+def _half_against_reference(
+    name: str, expected: np.ndarray, actual: np.ndarray, reference: np.ndarray, absorbed: np.ndarray | None
+) -> Comparison:
+    """A half-precision output against its float32 ``reference``: the rows the fill's rounding decides need
+    only be finite, every other row as close as the original's own error allows."""
+    diff = _max_diff(expected, actual)[1]
+    finite = np.isfinite(actual) | ~np.isfinite(expected)
+    own = _rows(_max_diff(reference, expected)[1])
+    rounding = (own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)) | fill_decided(
+        expected.dtype, reference, absorbed
+    )
+    close = _as_close_as_original(expected, actual, reference, ~rounding)
+    judged = _rows(diff)[~rounding]  # the difference reported: over the rows judged for closeness
+    return Comparison(
+        name, float(judged.max()) if judged.size else 0.0, bool(np.all(close | (rounding & _rows(finite))))
+    )
+
+
+def _within_tolerance(
+    name: str,
+    expected: np.ndarray,
+    actual: np.ndarray,
+    reference: np.ndarray | None,
+    *,
+    half: bool,
+    fill: float,
+    copy_of_half: bool,
+) -> Comparison:
+    """``atol + rtol·|expected|`` elementwise; a miss may still be rescued row by row by a float64
+    ``reference`` (:func:`_rescued_by_float64`) unless the user asked for the original's bits."""
+    worst, diff = _max_diff(expected, actual)
     settings = current()
     atol, rtol = (HALF_TOLERANCE, HALF_TOLERANCE) if half or copy_of_half else (settings.atol, settings.rtol)
     magnitude = np.nan_to_num(np.abs(expected.astype(np.float64)), posinf=0.0)
@@ -162,19 +202,34 @@ def compare(
     exact = settings.atol == 0.0 and settings.rtol == 0.0  # the user asked for the original's bits: no rescue
     widened = reference is not None and reference.dtype == np.float64 and reference.shape == expected.shape
     if not ok and not exact and widened:
-        tolerance = atol + rtol * np.nan_to_num(np.abs(reference), posinf=0.0)
-        own, ours = _max_diff(reference, expected)[1], _max_diff(reference, actual)[1]
-        rounding = ~_rows(own <= tolerance)  # rows the original itself misses the exact answer in
-        own = _rows(own)
-        worst_rounding = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
-        bound = FILL_ROUNDING_FACTOR * np.maximum(own, worst_rounding)
-        if fill_ulp := _fill_ulp(expected.dtype, fill):
-            rounded = own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)  # rows rounded against the fill
-            magnitude = _rows(np.nan_to_num(np.abs(reference), nan=0.0, posinf=0.0))
-            excused = FILL_ROUNDING_FACTOR * fill_ulp * np.maximum(1.0, magnitude)
-            bound = np.where(rounded, np.maximum(bound, excused), bound)
-        ok = bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= bound)))
+        ok = _rescued_by_float64(expected, actual, reference, within, atol, rtol, fill)
     return Comparison(name, worst, ok)
+
+
+def _rescued_by_float64(
+    expected: np.ndarray,
+    actual: np.ndarray,
+    reference: np.ndarray,
+    within: np.ndarray,
+    atol: float,
+    rtol: float,
+    fill: float,
+) -> bool:
+    """Every row that misses the tolerance is within it of the float64 ``reference``, or no further from it
+    than ``FILL_ROUNDING_FACTOR`` times the original's own error (and, in a row rounded against a finite fill,
+    than that factor times the fill's ulp): see :func:`compare`."""
+    tolerance = atol + rtol * np.nan_to_num(np.abs(reference), posinf=0.0)
+    own, ours = _max_diff(reference, expected)[1], _max_diff(reference, actual)[1]
+    rounding = ~_rows(own <= tolerance)  # rows the original itself misses the exact answer in
+    own = _rows(own)
+    worst_rounding = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
+    bound = FILL_ROUNDING_FACTOR * np.maximum(own, worst_rounding)
+    if fill_ulp := _fill_ulp(expected.dtype, fill):
+        rounded = own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)  # rows rounded against the fill
+        magnitude = _rows(np.nan_to_num(np.abs(reference), nan=0.0, posinf=0.0))
+        excused = FILL_ROUNDING_FACTOR * fill_ulp * np.maximum(1.0, magnitude)
+        bound = np.where(rounded, np.maximum(bound, excused), bound)
+    return bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= bound)))
 
 
 def fill_decided(dtype: np.dtype, reference: np.ndarray, absorbed: np.ndarray | None) -> np.ndarray:
