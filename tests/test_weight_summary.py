@@ -1,5 +1,5 @@
-"""``facts.summarize``: what the facts ask of a stored tensor, read in chunks of rows so a weight mapped from a
-file is never copied whole — the same answers as reading it whole, on finite, non-finite, bfloat16 and
+"""``weight_summary.summarize``: what the facts ask of a stored tensor, read in chunks of rows so a weight mapped
+from a file is never copied whole — the same answers as reading it whole, on finite, non-finite, bfloat16 and
 repeated-halves tensors, across chunk boundaries."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from egfuse import facts
+from egfuse import weight_summary
 
 
 def _whole(array: np.ndarray) -> tuple[bool, float, bool]:
@@ -25,7 +25,7 @@ def _whole(array: np.ndarray) -> tuple[bool, float, bool]:
 @pytest.mark.parametrize("chunk", [1, 7, 1 << 22])
 @pytest.mark.parametrize("case", ["finite", "inf", "nan", "halves", "bfloat16", "rank3"])
 def test_a_chunked_summary_is_the_whole_one(case, chunk, monkeypatch):
-    monkeypatch.setattr(facts, "_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(weight_summary, "_CHUNK_ELEMENTS", chunk)
     rng = np.random.default_rng(0)
     array = rng.standard_normal((13, 6)).astype(np.float32)
     if case == "inf":
@@ -38,7 +38,7 @@ def test_a_chunked_summary_is_the_whole_one(case, chunk, monkeypatch):
         array = array.astype(ml_dtypes.bfloat16)
     if case == "rank3":
         array = array.reshape(13, 2, 3)
-    summary = facts.summarize(array)
+    summary = weight_summary.summarize(array)
     finite, largest, halves = _whole(array)
     assert (summary.finite, summary.finite_bound, summary.halves_repeat) == (finite, largest, halves)
     assert summary.bound == (largest if finite else None)
@@ -47,5 +47,5 @@ def test_a_chunked_summary_is_the_whole_one(case, chunk, monkeypatch):
 def test_a_nearly_repeated_table_is_not_repeated():
     array = np.tile(np.arange(4, dtype=np.float32), (9, 2))
     array[8, 6] += 1e-3  # one element of the last row's second half
-    assert not facts.summarize(array).halves_repeat
-    assert facts.summarize(np.tile(np.arange(4, dtype=np.float32), (9, 2))).halves_repeat
+    assert not weight_summary.summarize(array).halves_repeat
+    assert weight_summary.summarize(np.tile(np.arange(4, dtype=np.float32), (9, 2))).halves_repeat
