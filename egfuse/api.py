@@ -28,7 +28,7 @@ from egfuse.judge import VALIDATION_ROUNDS, ban_forms, judge, short, upstream_on
 from egfuse.load import LoadedModel, ModelLike, load
 from egfuse.outputs import model_inputs
 from egfuse.prepare import admit_standard_attention, bump_opset, infer_shapes, needs_standard_opset, prepare, same_nodes
-from egfuse.report import Report
+from egfuse.report import Report, Status
 from egfuse.save import save_model
 from egfuse.search import Budgets, RegionKey, fuse_once
 from egfuse.targets import for_provider, get_target
@@ -230,7 +230,7 @@ def _fuse_through_functions(
             "is returned as it came, functions and all"
         )
         return loaded.proto, report, full.proto
-    needed = {label for r in [*report.regions, *report.rotary] if r.status == "fused" for label in r.functions}
+    needed = {label for r in [*report.regions, *report.rotary] if r.status == Status.FUSED for label in r.functions}
     partial = functions.inline(loaded.proto, only=needed)
     spared = set(partial.kept) - set(full.kept)  # called functions the partial inlining keeps
     why_all = "every function holds fused attention or calls one that does"
@@ -241,7 +241,7 @@ def _fuse_through_functions(
         if _outcome(report2) == _outcome(report):
             # Regions of the first search that stayed inside kept functions: the second never saw them.
             for r in report.regions:
-                if r.status != "fused" and r.functions and set(r.functions) <= spared:
+                if r.status != Status.FUSED and r.functions and set(r.functions) <= spared:
                     r.index = len(report2.regions)
                     r.notes.append(f"inside function {r.functions[0]}, kept as a function")
                     report2.regions.append(r)
@@ -280,13 +280,14 @@ def _blame_the_inlining(loaded: LoadedModel, feeds: dict | None, report: Report)
     )
     reason = "not validated (egfuse's inlined graph does not run; the model as given does)"
     for entry in [*report.regions, *report.rotary, *report.layer_ops]:
-        if entry.status == "rolled back" and (entry.reason or "").startswith("not validated (the original does not"):
+        blamed_feeds = (entry.reason or "").startswith("not validated (the original does not")
+        if entry.status == Status.ROLLED_BACK and blamed_feeds:
             entry.reason = reason
 
 
 def _outcome(report: Report) -> tuple:
     """What a partial inlining must reproduce: as many regions and rotations fused, validated alike."""
-    return report.fused, report.validated, sum(r.status == "fused" for r in report.rotary)
+    return report.fused, report.validated, sum(r.status == Status.FUSED for r in report.rotary)
 
 
 def _fuse_loaded(
@@ -415,7 +416,7 @@ def _judged_rounds(
         report.validated = None
         report.validation_note = f"nothing applied: validation still failed after {VALIDATION_ROUNDS} rounds"
         for entry in [*report.regions, *report.rotary, *report.layer_ops]:
-            if entry.status == "fused":
-                entry.status, entry.reason = "rolled back", "validation did not settle"
+            if entry.status == Status.FUSED:
+                entry.status, entry.reason = Status.ROLLED_BACK, "validation did not settle"
         fused_proto = original
     return fused_proto, report

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from egfuse.report import Status
 from egfuse.targets.spec import FusedOp, TargetSpec
 
 PROFILE_VERSION = 1
@@ -124,7 +125,7 @@ def forms(case: Case, spec: TargetSpec) -> tuple[onnx.ModelProto, list[dict], di
         if forced.report.fused == 1:
             written[candidate["form"]] = forced.model
     region = result.report.regions[0] if result.report.regions else None
-    chosen = region.form if region is not None and region.status == "fused" else "unfused"
+    chosen = region.form if region is not None and region.status == Status.FUSED else "unfused"
     for candidate in candidates:
         candidate["chosen"] = candidate["form"] == chosen
     return model, candidates, written

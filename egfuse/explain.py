@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from egfuse.errors import EgfuseError
+from egfuse.report import Status
 
 
 def load_report(path: Path) -> dict:
@@ -49,13 +50,13 @@ def explain(report: dict, key: str) -> str:
 
 def _headline(report: dict, region: dict) -> str:
     what = f"region {region['index']} (softmax node {region['softmax']}, output {region.get('output')})"
-    if region["status"] == "fused":
+    if region["status"] == Status.FUSED:
         return f"{what}: fused → {region['fused_into']} (e-graph form {region['form']}) on target {report['target']}"
     return f"{what}: {region['status']} on target {report['target']}"
 
 
 def _numeric(report: dict, region: dict) -> list[str]:
-    if region["status"] != "fused":
+    if region["status"] != Status.FUSED:
         return []
     diff = region.get("max_abs_diff")
     if report.get("validated") is None:
@@ -67,7 +68,7 @@ def _numeric(report: dict, region: dict) -> list[str]:
 
 def _algebraic(region: dict) -> list[str]:
     certificate = region.get("certificate")
-    if region["status"] != "fused":
+    if region["status"] != Status.FUSED:
         return []
     if not certificate:
         return ["algebraic proof: no certificate in this report"]

@@ -14,7 +14,7 @@ import onnx
 from egfuse import fill_reach, inputs, memory, progress, protos, runner, validate
 from egfuse.compare_runs import compare_on, compared_outputs
 from egfuse.float32_copies import FLOAT32_COPIES_NOTE, does_not_load, float32_copies
-from egfuse.report import RegionReport, Report, RotaryReport
+from egfuse.report import RegionReport, Report, RotaryReport, Status
 from egfuse.search import RegionKey
 
 VALIDATION_ROUNDS = 6
@@ -165,9 +165,11 @@ def _verdict(
 
 def fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:
     """What validation judges, by the key it rolls back by."""
-    entries: dict[RegionKey, RegionReport | RotaryReport] = {r.index: r for r in report.regions if r.status == "fused"}
-    entries.update({("rotary", r.index): r for r in report.rotary if r.status == "fused"})
-    entries.update({("layer", r.index): r for r in report.layer_ops if r.status == "fused"})
+    entries: dict[RegionKey, RegionReport | RotaryReport] = {
+        r.index: r for r in report.regions if r.status == Status.FUSED
+    }
+    entries.update({("rotary", r.index): r for r in report.rotary if r.status == Status.FUSED})
+    entries.update({("layer", r.index): r for r in report.layer_ops if r.status == Status.FUSED})
     return entries
 
 

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
 from egfuse.regions import Region, _with_outputs, single_consumer
-from egfuse.report import RegionReport
+from egfuse.report import RegionReport, Status
 from egfuse.session import EClass
 from egfuse.targets.spec import LAYER_OPS, FusedOp
 
@@ -188,7 +188,7 @@ def write_layer_regions(
     wrote, or raises ValueError when the form cannot be written). Returns the (domain, opset) pairs used."""
     opsets: set[tuple[str, int]] = set()
     for region in regions:
-        entry = RegionReport(region.index, region.name, "not fused", output=region.main_output.name)
+        entry = RegionReport(region.index, region.name, Status.NOT_FUSED, output=region.main_output.name)
         entries.append(entry)
         main = class_of.get(region.main_output)
         chosen = choice[main].node if main is not None and main in choice else None
@@ -198,13 +198,13 @@ def write_layer_regions(
             continue
         if ("layer", region.index) in excluded:
             reason, diff = excluded["layer", region.index]
-            entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
+            entry.status, entry.reason, entry.max_abs_diff = Status.ROLLED_BACK, reason, diff
             continue
         try:
             written = write(region)
         except (ValueError, KeyError) as err:
             entry.reason = f"the fused form could not be written as ONNX: {err}"
             continue
-        entry.status, entry.form, entry.fused_into = "fused", chosen.op, written.label
+        entry.status, entry.form, entry.fused_into = Status.FUSED, chosen.op, written.label
         opsets.add((written.domain, written.opset))
     return opsets

@@ -24,7 +24,7 @@ from egfuse.node_builder import replace_output
 from egfuse.raise_ import Emitter
 from egfuse.regions import Region
 from egfuse.repeats import InPlace, Renamed, Repeats
-from egfuse.report import WRITTEN_NOTE, RegionReport, Report
+from egfuse.report import WRITTEN_NOTE, RegionReport, Report, Status
 from egfuse.session import EClass, ENode
 from egfuse.shapes import Shape
 from egfuse.targets.spec import FUSED, FusedOp, TargetSpec
@@ -88,7 +88,7 @@ class RegionWriter:
         entry = RegionReport(
             region.index,
             region.name,
-            "not fused",
+            Status.NOT_FUSED,
             output=region.main_output.name,
             variants=diagnose.variants(region, self.facts),
             functions=functions.origin([region.softmax, *region.nodes], self.origins),
@@ -116,7 +116,7 @@ class RegionWriter:
         self.graph.insert_before(region.nodes[-1], emitter.new_nodes)
         for old, new in replacements:
             replace_output(self.graph, old, new, fresh=new in emitter.created)
-        entry.status = "fused"
+        entry.status = Status.FUSED
         self._certify(entry, region, main, fused_ops[0], region_choice)
         self._record(entry, emitter, fused_ops, [self.target.op_for(op.op) for op in fused_ops])
         return True
@@ -140,7 +140,7 @@ class RegionWriter:
             return None
         if region.index in self.excluded:
             reason, diff = self.excluded[region.index]
-            entry.status, entry.reason, entry.max_abs_diff = "rolled back", reason, diff
+            entry.status, entry.reason, entry.max_abs_diff = Status.ROLLED_BACK, reason, diff
             return None
         if not self.banned.get(region.index):
             return base_choice, fused_ops
@@ -149,7 +149,7 @@ class RegionWriter:
         fused_ops = fused_nodes(main, region_choice)
         entry.notes.extend(f"{form} did not validate ({why})" for form, why in self.banned[region.index].items())
         if not fused_ops:
-            entry.status, entry.reason = "rolled back", "no fused form validated"
+            entry.status, entry.reason = Status.ROLLED_BACK, "no fused form validated"
             return None
         return region_choice, fused_ops
 

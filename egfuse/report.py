@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 from egfuse.version import __version__
+
+
+class Status(StrEnum):
+    """What became of a region: a value of the report, one spelling everywhere (a ``str``: the JSON report and
+    comparisons with plain strings read it as its text)."""
+
+    FUSED = "fused"
+    NOT_FUSED = "not fused"
+    ROLLED_BACK = "rolled back"
 
 
 @dataclass
 class RegionReport:
     index: int
     softmax: str  # the softmax node's name: where to look in a viewer
-    status: str  # "fused" | "not fused" | "rolled back"
+    status: Status
     output: str | None = None  # the region's output value (compared on onnxruntime)
     fused_into: str | None = None  # e.g. "com.microsoft.Attention"
     form: str | None = None  # the e-graph constructor written ("attend", "mha" …)
@@ -38,7 +48,7 @@ class RotaryReport:
 
     index: int
     output: str  # the rotation's output value (compared on onnxruntime)
-    status: str  # "fused" | "not fused" | "rolled back"
+    status: Status
     variant: str | None = None  # e.g. "rotate-half, partial (16 of 32 features)"
     fused_into: str | None = None
     reason: str | None = None
@@ -70,18 +80,18 @@ class Report:
 
     @property
     def fused(self) -> int:
-        return sum(r.status == "fused" for r in self.regions)
+        return sum(r.status == Status.FUSED for r in self.regions)
 
     @property
     def changed(self) -> bool:
         """Anything rewritten: an attention region, a rotary embedding, a norm or an activation."""
-        return self.fused > 0 or any(r.status == "fused" for r in [*self.rotary, *self.layer_ops])
+        return self.fused > 0 or any(r.status == Status.FUSED for r in [*self.rotary, *self.layer_ops])
 
     def fused_ops(self) -> dict[str, int]:
         """Ops written, by kind (attention, RoPE, norms, activations), most first."""
         counts: dict[str, int] = {}
         for r in [*self.regions, *self.rotary, *self.layer_ops]:
-            if r.status == "fused" and r.fused_into:
+            if r.status == Status.FUSED and r.fused_into:
                 counts[r.fused_into] = counts.get(r.fused_into, 0) + 1
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
@@ -136,11 +146,11 @@ class Report:
         """How many rotations were fused (of which variants), and each one that was not, with why."""
         if not self.rotary:
             return []
-        fused = sum(r.status == "fused" for r in self.rotary)
-        variants = sorted({r.variant for r in self.rotary if r.status == "fused" and r.variant})
+        fused = sum(r.status == Status.FUSED for r in self.rotary)
+        variants = sorted({r.variant for r in self.rotary if r.status == Status.FUSED and r.variant})
         kinds = f" ({'; '.join(variants)})" if variants else ""
         lines = [f"  rotary embeddings fused: {fused}/{len(self.rotary)}{kinds}"]
-        missed = [r for r in self.rotary if r.status != "fused"]
+        missed = [r for r in self.rotary if r.status != Status.FUSED]
         lines.extend(f"       rotary {r.index} at {r.output}: {r.status} — {r.reason}" for r in missed)
         return lines
 
@@ -148,9 +158,9 @@ class Report:
         """How many norms and activations were fused, and each one rolled back, with why."""
         if not self.layer_ops:
             return []
-        fused = sum(r.status == "fused" for r in self.layer_ops)
+        fused = sum(r.status == Status.FUSED for r in self.layer_ops)
         lines = [f"  norms and activations fused: {fused}/{len(self.layer_ops)}"]
-        missed = [r for r in self.layer_ops if r.status == "rolled back"]
+        missed = [r for r in self.layer_ops if r.status == Status.ROLLED_BACK]
         lines.extend(f"       {r.softmax} at {r.output}: {r.status} — {r.reason}" for r in missed)
         return lines
 
@@ -174,7 +184,7 @@ class Report:
         its own above its row, each region's notes and the form chosen below it."""
         lines = []
         width = min(max((len(r.softmax) for r in self.regions), default=12), _NAME_WIDTH)
-        results = [f"fused → {r.fused_into}" if r.status == "fused" else r.status for r in self.regions]
+        results = [f"fused → {r.fused_into}" if r.status == Status.FUSED else r.status for r in self.regions]
         result_width = max((len(text) for text in results), default=6)
         if self.regions:
             lines.append(f"  {'#':>3}  {'softmax node':<{width}} {'result':<{result_width}} details")
@@ -188,7 +198,7 @@ class Report:
                 name = ""
             lines.append(f"  {'' if not name else r.index:>3}  {name:<{width}} {result:<{result_width}} {details}")
             lines.extend(f"       note: {n}" for n in r.notes)
-            if r.status == "fused" and (choice := _choice_line(r)):
+            if r.status == Status.FUSED and (choice := _choice_line(r)):
                 lines.append(f"       {choice}")
         return lines
 

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from egfuse.facts import GraphFacts
 from egfuse.regions import Region, _with_outputs, reads_type_only, single_consumer
-from egfuse.report import RotaryReport
+from egfuse.report import RotaryReport, Status
 from egfuse.rotary_check import explain
 from egfuse.rotary_tables import producer
 from egfuse.session import EClass
@@ -168,7 +168,7 @@ def write_rotary_regions(
     entries = []
     for found in regions:
         region = found.region
-        entry = RotaryReport(region.index, region.main_output.name or "", "not fused", variant=found.variant)
+        entry = RotaryReport(region.index, region.main_output.name or "", Status.NOT_FUSED, variant=found.variant)
         entries.append(entry)
         main = class_of.get(region.main_output)
         entry.candidates = price(main) if main is not None else []
@@ -183,7 +183,7 @@ def write_rotary_regions(
                 entry.reason = unavailable or f"onnxruntime has no RotaryEmbedding kernel for {kind}"
             continue
         if ("rotary", region.index) in excluded:
-            entry.status = "rolled back"
+            entry.status = Status.ROLLED_BACK
             entry.reason, entry.max_abs_diff = excluded["rotary", region.index]
             continue
         try:
@@ -191,5 +191,5 @@ def write_rotary_regions(
         except (ValueError, KeyError) as err:
             entry.reason = str(err)
             continue
-        entry.status, entry.fused_into = "fused", written.label
+        entry.status, entry.fused_into = Status.FUSED, written.label
     return entries

@@ -27,7 +27,7 @@ from egfuse.prepare import infer_shapes
 from egfuse.region_writer import RegionWriter
 from egfuse.regions import Region, find_regions
 from egfuse.repeats import NotRenamed, find_repeats
-from egfuse.report import Report
+from egfuse.report import Report, Status
 from egfuse.rotary import find_rotary_regions, write_rotary_regions
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, ENode, Session
@@ -106,7 +106,7 @@ def _search(
     )  # fmt: skip
     for entry, rotation in zip(report.rotary, found.rotations, strict=True):
         entry.functions = functions.origin([rotation.anchor], origins)
-    any_fused = any_fused or any(r.status == "fused" for r in [*report.layer_ops, *report.rotary])
+    any_fused = any_fused or any(r.status == Status.FUSED for r in [*report.layer_ops, *report.rotary])
     report.notes.extend(writer.notes)
     report.stats["seconds_certify"] = writer.seconds_certify
     if any_fused:

@@ -12,6 +12,7 @@ import pytest
 import egfuse
 from egfuse import protos
 from egfuse.passes import FuseAttentionPass
+from egfuse.report import Status
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from .conftest import DATA, assert_same_outputs, fast_on, fused_export, fused_op_count
@@ -86,9 +87,13 @@ def test_unknown_target_is_a_clear_error(model):
 def test_report_json_roundtrip(model):
     import json
 
-    data = json.loads(_fused("ort").report.to_json())
+    report = _fused("ort").report
+    data = json.loads(report.to_json())
     assert data["fused"] == 1 and data["attention_regions"] == 1
     assert data["regions"][0]["status"] == "fused"
+    # statuses are one enum in the code and plain text in the JSON and the printed report
+    assert all(isinstance(r.status, Status) for r in [*report.regions, *report.rotary, *report.layer_ops])
+    assert type(data["regions"][0]["status"]) is str and "fused → " in str(report)
 
 
 def test_external_data_stays_external(model, tmp_path):
