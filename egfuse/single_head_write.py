@@ -39,7 +39,7 @@ def single_head(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
       the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
       new values, added. The Concat stays only for the present outputs it returns.
-    * Half precision: the scaled scores are cast to float32 for the mask and the softmax (the graph's own
+    * Half precision: the scores are cast to float32 for the scale, the mask and the softmax (the graph's own
       ``Cast → Softmax → Cast``), the mask written in float32 (its fills absorb float32 scores: a float16
       fill added to a score can overflow, and a fully masked row the graph makes uniform would not be)."""
     a = view(node)
@@ -123,7 +123,9 @@ class _HeadScoring:
     @staticmethod
     def of(node: ENode, e: EmitterProtocol, query: ir.Value, dtype: np.dtype, kv: HeadsKV) -> _HeadScoring:
         a = view(node)
-        scale = e.const(np.array(float(a.scale), dtype), "scale")
+        # In float32 for a half-precision block, after the scores' cast: the e-graph's scale is the product of
+        # the graph's own constants (√s on Q and on K), which a half-precision number would round again.
+        scale = e.const(np.array(float(a.scale), np.float32 if _is_half(dtype) else dtype), "scale")
         past_end = to_end = last = None
         if len(kv) == 2:  # the cache's length, where the probabilities split
             past_end = e.shape(kv[0][0][0], 1, 2)
@@ -144,12 +146,12 @@ def _attend_head(
     part (two for a KV cache: scores against both concatenated, probabilities sliced, the products added)."""
     scores = [e.node("MatMul", [q_head, e.node("Transpose", [k], {"perm": [0, 2, 1]})]) for k in keys]
     logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
-    logits = e.node("Mul", [logits, s.scale])
-    if s.cap != 0.0:
-        c = e.const(np.array(s.cap, s.dtype), "cap")
-        logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
     if s.half:
         logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
+    logits = e.node("Mul", [logits, s.scale])
+    if s.cap != 0.0:
+        c = e.const(np.array(s.cap, s.softmax_dtype), "cap")
+        logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
     if mask is not None:
         logits = e.node("Add", [logits, mask])
     probs = e.node("Softmax", [logits], {"axis": -1})

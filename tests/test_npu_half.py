@@ -13,6 +13,8 @@ import pytest
 import egfuse
 from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 
+from .conftest import DATA
+
 
 @pytest.mark.parametrize(
     ("mask", "causal"),
@@ -36,3 +38,18 @@ def test_a_float16_block_fuses_into_single_heads_with_a_float32_softmax(mask, ca
     for seed in range(3):  # the judge's own feeds, with their padded and fully masked rows
         feeds = feeds_for(model, seed=seed, batch=3, seq=6, left_padding=True)
         assert disagreements(model, result.model, feeds) == [], seed
+
+
+def test_a_bfloat16_scale_split_over_q_and_k_is_applied_in_float32():
+    """transformers' SDPA decomposition scales Q and K by √s each in the model's type; the single heads scale
+    the scores by s once. Written as a bfloat16 constant s was rounded again (8-bit mantissa: 2⁻⁹ off the
+    product of the graph's two constants), and validation on float32 copies rolled every block of a bfloat16
+    decode step back (0.00036 off). In float32, after the scores' cast, s is the graph's own product."""
+    path = DATA / "half" / "llama_past_sdpa_bf16.dynamo.onnx"
+    result = egfuse.fuse(str(path), target="npu")
+    assert result.report.fused == 2 and result.report.validated is True, str(result.report)
+    graph = result.model.graph
+    constants = {o: n for n in graph.node if n.op_type == "Constant" for o in n.output}
+    written = [n for n in graph.node if n.op_type == "Mul" and n.name.startswith("egfuse/r")]
+    scales = [constants[n.input[1]].attribute[0].t for n in written if n.input[1] in constants]
+    assert scales and all(t.data_type == onnx.TensorProto.FLOAT and not t.dims for t in scales)
