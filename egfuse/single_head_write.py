@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -39,7 +40,7 @@ def single_head(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     * A KV cache ``Concat(past, new)`` is read in the split-score form: scores against the cache and against
       the new keys by two MatMuls, concatenated, one Softmax, sliced, two MatMuls against the cache's and the
       new values, added. The Concat stays only for the present outputs it returns.
-    * Half precision: the scores are cast to float32 for the scale, the mask and the softmax (the graph's own
+    * Half precision: the scaled scores are cast to float32 for the mask and the softmax (the graph's own
       ``Cast → Softmax → Cast``), the mask written in float32 (its fills absorb float32 scores: a float16
       fill added to a score can overflow, and a fully masked row the graph makes uniform would not be)."""
     a = view(node)
@@ -123,9 +124,10 @@ class _HeadScoring:
     @staticmethod
     def of(node: ENode, e: EmitterProtocol, query: ir.Value, dtype: np.dtype, kv: HeadsKV) -> _HeadScoring:
         a = view(node)
-        # In float32 for a half-precision block, after the scores' cast: the e-graph's scale is the product of
-        # the graph's own constants (√s on Q and on K), which a half-precision number would round again.
-        scale = e.const(np.array(float(a.scale), np.float32 if _is_half(dtype) else dtype), "scale")
+        # In float32 for a bfloat16 block, after the scores' cast: the e-graph's scale is the product of the
+        # graph's own constants (√s on Q and on K), which bfloat16's 8-bit mantissa would round again (2⁻⁹);
+        # float16 keeps it in its own type, which the rules read back as the graph's Cast → Softmax → Cast.
+        scale = e.const(np.array(float(a.scale), np.float32 if _scales_wide(dtype) else dtype), "scale")
         past_end = to_end = last = None
         if len(kv) == 2:  # the cache's length, where the probabilities split
             past_end = e.shape(kv[0][0][0], 1, 2)
@@ -146,12 +148,15 @@ def _attend_head(
     part (two for a KV cache: scores against both concatenated, probabilities sliced, the products added)."""
     scores = [e.node("MatMul", [q_head, e.node("Transpose", [k], {"perm": [0, 2, 1]})]) for k in keys]
     logits = scores[0] if len(scores) == 1 else e.node("Concat", scores, {"axis": -1})
-    if s.half:
+    wide = _scales_wide(s.dtype)
+    if wide:
         logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
     logits = e.node("Mul", [logits, s.scale])
     if s.cap != 0.0:
-        c = e.const(np.array(s.cap, s.softmax_dtype), "cap")
+        c = e.const(np.array(s.cap, np.float32 if wide else s.dtype), "cap")
         logits = e.node("Mul", [e.node("Tanh", [e.node("Div", [logits, c])]), c])
+    if s.half and not wide:
+        logits = e.node("Cast", [logits], {"to": ir.DataType.FLOAT})
     if mask is not None:
         logits = e.node("Add", [logits, mask])
     probs = e.node("Softmax", [logits], {"axis": -1})
@@ -165,6 +170,11 @@ def _attend_head(
     past = e.node("Slice", [probs, e.const(np.array([0], np.int64), "at"), s.past_end, s.last])
     new = e.node("Slice", [probs, s.past_end, s.to_end, s.last])
     return e.node("Add", [e.node("MatMul", [past, values[0]]), e.node("MatMul", [new, values[1]])])
+
+
+def _scales_wide(dtype: np.dtype) -> bool:
+    """bfloat16: the scores are scaled in float32 (see :meth:`_HeadScoring.of`)."""
+    return dtype == ml_dtypes.bfloat16
 
 
 def _is_half(dtype: np.dtype) -> bool:
