@@ -14,7 +14,7 @@ import onnx
 
 from egfuse import memory, protos, validate
 from egfuse.float32_copies import widened_copies
-from egfuse.search import RegionKey
+from egfuse.report import RegionKey
 
 
 def compare_on(

@@ -42,7 +42,7 @@ def variants(region: Region, facts: GraphFacts) -> dict[str, str]:
     out: dict[str, str] = {}
     scale_on: list[str] = []
     mask = "none"
-    path = _path_to_matmul(region.softmax.inputs[0], members) or []
+    path = _path_to_matmul(region.anchor.inputs[0], members) or []
     tanh = next((i for i, node in enumerate(path) if node.op_type == "Tanh"), None)
     capping = set() if tanh is None else {tanh - 1, tanh + 1}  # the ÷c and ·c around the tanh
     if tanh is not None:
@@ -100,7 +100,7 @@ def why_not(
         cid = class_of.get(value) if value is not None else None
         return {n.op for n in classes.get(cid, [])} if cid is not None else set()
 
-    softmax = region.softmax
+    softmax = region.anchor
     if "softmax" not in ops(softmax.outputs[0]):
         axis = softmax.attributes.get("axis")
         return f"softmax is not over the last axis (axis={axis.value if axis else 'default'})"

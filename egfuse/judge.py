@@ -9,16 +9,48 @@ How one feed set is compared lives in :mod:`egfuse.compare_runs`, the float32 co
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import onnx
 
 from egfuse import fill_reach, inputs, memory, progress, protos, runner, validate
 from egfuse.compare_runs import compare_on, compared_outputs
 from egfuse.float32_copies import FLOAT32_COPIES_NOTE, does_not_load, float32_copies
-from egfuse.report import RegionReport, Report, RotaryReport, Status
-from egfuse.search import RegionKey
+from egfuse.report import RegionKey, RegionReport, Report, RotaryReport, Status
 
 VALIDATION_ROUNDS = 6
 """Rounds of validate → roll back → re-fuse; the last one rolls back everything that still differs."""
+
+
+@dataclass
+class Verdict:
+    """What one validation found, as a value: the search's fixpoint records it in the report
+    (:meth:`record`) and rolls back ``failing``."""
+
+    failing: dict[RegionKey, tuple[str, float]]
+    """The regions that differ (or were not proven), with why and by how much: what to roll back."""
+    validated: bool | None
+    """True: every output and region agreed; False: something differed; None: nothing could be proven."""
+    note: str | None = None
+    """Why nothing could be proven, or what failed to run (the report's ``validation_note``)."""
+    max_abs_diff: float | None = None
+    """Over the graph outputs, on every feed set compared."""
+    diffs: dict[RegionKey, float] = field(default_factory=dict)
+    """Each judged region's own output's difference on the first feed set."""
+    notes: list[str] = field(default_factory=list)
+    """Report-wide notes on how it was judged (on float32 copies of a half-precision model)."""
+
+    def record(self, report: Report) -> None:
+        """The verdict written into ``report``: the verdict fields, each judged region's difference, the notes."""
+        entries = fused_entries(report)
+        for key, diff in self.diffs.items():
+            entries[key].max_abs_diff = diff
+        report.notes.extend(self.notes)
+        report.validated = self.validated
+        if self.note is not None:
+            report.validation_note = self.note
+        if self.max_abs_diff is not None:
+            report.max_abs_diff = self.max_abs_diff
 
 
 def judge(
@@ -28,9 +60,9 @@ def judge(
     feeds: dict | None,
     weights: protos.DetachedWeights | None,
     budget: int | None = None,
-) -> dict[RegionKey, tuple[str, float]]:
-    """Compare graph outputs and every fused region's and rotation's output; return what to roll back. No run
-    may hold more than ``budget`` bytes (estimated before it runs)."""
+) -> Verdict:
+    """Compare graph outputs and every fused region's own output (``report`` says which were fused); the
+    verdict says what to roll back. No run may hold more than ``budget`` bytes (estimated before it runs)."""
     with runner.kept_sessions():
         return _judge(original, fused, report, feeds, weights, budget)
 
@@ -42,32 +74,32 @@ def _judge(
     feeds: dict | None,
     weights: protos.DetachedWeights | None,
     budget: int | None,
-) -> dict[RegionKey, tuple[str, float]]:
+) -> Verdict:
     entries = fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
     progress.stage(f"validating {len(entries)} fused regions on onnxruntime")
     try:
         data, expected = validate.original_outputs(original, feeds, names, weights=weights, budget=budget)
     except memory.OverBudget as err:
-        return _over_budget(report, entries, err)
+        return _over_budget(entries, err)
     except Exception as err:
         copies = float32_copies(original, fused, feeds, weights, err)
         if copies is None:
-            return _original_does_not_run(report, entries, feeds, err)
-        report.notes.append(FLOAT32_COPIES_NOTE)
+            return _original_does_not_run(entries, feeds, err)
         wide_original, wide_fused, wide_feeds = copies
-        return judge(wide_original, wide_fused, report, wide_feeds, None, budget)
+        verdict = judge(wide_original, wide_fused, report, wide_feeds, None, budget)
+        verdict.notes.insert(0, FLOAT32_COPIES_NOTE)
+        return verdict
     try:
         actual = validate.run(fused, data, names, weights=weights)
     except Exception as err:
-        report.validated = False
-        report.validation_note = f"the fused model does not run on onnxruntime: {short(err)}"
-        return dict.fromkeys(entries, (f"fused model failed to run: {short(err)}", float("inf")))
+        failing = dict.fromkeys(entries, (f"fused model failed to run: {short(err)}", float("inf")))
+        return Verdict(failing, False, f"the fused model does not run on onnxruntime: {short(err)}")
     outputs = [o.name for o in original.graph.output]
     regions, cmps = compared_outputs(original, data, expected, actual, names, entries, outputs, weights, budget)
     failing: dict[RegionKey, tuple[str, float]] = {}
+    diffs = {key: cmp.max_abs_diff for key, cmp in regions.items()}
     for key, cmp in regions.items():
-        entries[key].max_abs_diff = cmp.max_abs_diff
         if not cmp.ok:
             failing[key] = (f"outputs differ from the original by {cmp.max_abs_diff:.3g}", cmp.max_abs_diff)
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
@@ -76,47 +108,45 @@ def _judge(
         _judge_mask_feeds(original, fused, data, names, outputs, entries, weights, budget, failing, cmps)
     for key, why in fill_reach.reached(original, data, entries, weights).items():
         failing.setdefault(key, why)
-    return _verdict(report, entries, cmps, failing)
+    return _verdict(entries, cmps, failing, diffs)
 
 
-def _over_budget(
-    report: Report, entries: dict[RegionKey, RegionReport | RotaryReport], err: memory.OverBudget
-) -> dict[RegionKey, tuple[str, float]]:
+def _over_budget(entries: dict[RegionKey, RegionReport | RotaryReport], err: memory.OverBudget) -> Verdict:
     """Nothing proven, because the original's run alone would exceed the validation memory budget."""
-    report.validated = None
-    report.validation_note = (
+    note = (
         f"nothing applied: {err}; raise the budget (Budgets(validation_bytes=…) / --memory-budget GB), give "
         "smaller inputs (feeds= / --feeds), or skip the check (validate=False / --no-validate)"
     )
-    return dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan")))
+    return Verdict(
+        dict.fromkeys(entries, ("not validated (over the validation memory budget)", float("nan"))), None, note
+    )
 
 
 def _original_does_not_run(
-    report: Report, entries: dict[RegionKey, RegionReport | RotaryReport], feeds: dict | None, err: Exception
-) -> dict[RegionKey, tuple[str, float]]:
+    entries: dict[RegionKey, RegionReport | RotaryReport], feeds: dict | None, err: Exception
+) -> Verdict:
     """Unproven is not proven: keep the original regions, and say how to give real inputs — or, where no
     input is at fault, that the check can only be skipped."""
-    report.validated = None
     if does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
-        report.validation_note = (
+        note = (
             f"nothing applied: the original model does not load on this onnxruntime ({short(err)}), so no fused "
             "region can be proven against it; whatever the inputs, skipping the check (validate=False / "
             "--no-validate) is the only way to apply one"
         )
-        return dict.fromkeys(entries, ("not validated (the original does not load on onnxruntime)", float("nan")))
-    if feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
-        report.validation_note = (
+        reason = "not validated (the original does not load on onnxruntime)"
+    elif feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly
+        note = (
             f"nothing applied: the original model does not run on the given feeds ({short(err)}); check their "
             "shapes against the model's inputs, or skip the check (validate=False / --no-validate)"
         )
         reason = "not validated (the original does not run on the given feeds)"
-        return dict.fromkeys(entries, (reason, float("nan")))
-    report.validation_note = (
-        f"nothing applied: the original model does not run on generated inputs ({short(err)}); "
-        "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
-    )
-    reason = "not validated (the original does not run on generated inputs)"
-    return dict.fromkeys(entries, (reason, float("nan")))
+    else:
+        note = (
+            f"nothing applied: the original model does not run on generated inputs ({short(err)}); "
+            "pass real inputs (feeds= / --feeds inputs.npz) or skip the check (validate=False / --no-validate)"
+        )
+        reason = "not validated (the original does not run on generated inputs)"
+    return Verdict(dict.fromkeys(entries, (reason, float("nan"))), None, note)
 
 
 def _judge_mask_feeds(
@@ -150,38 +180,34 @@ def _judge_mask_feeds(
 
 
 def _verdict(
-    report: Report,
     entries: dict[RegionKey, RegionReport | RotaryReport],
     cmps: list[validate.Comparison],
     failing: dict[RegionKey, tuple[str, float]],
-) -> dict[RegionKey, tuple[str, float]]:
-    """The report's verdict, and what to roll back: graph outputs off with no region singled out roll back all."""
-    report.max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
-    report.validated = all(c.ok for c in cmps) and not failing
-    if not report.validated and not failing:  # outputs off but nothing singled out: roll back all
-        failing = dict.fromkeys(entries, (f"graph outputs differ by {report.max_abs_diff:.3g}", report.max_abs_diff))
-    return failing
+    diffs: dict[RegionKey, float],
+) -> Verdict:
+    """The verdict, and what to roll back: graph outputs off with no region singled out roll back all."""
+    max_abs_diff = max((c.max_abs_diff for c in cmps), default=0.0)
+    validated = all(c.ok for c in cmps) and not failing
+    if not validated and not failing:  # outputs off but nothing singled out: roll back all
+        failing = dict.fromkeys(entries, (f"graph outputs differ by {max_abs_diff:.3g}", max_abs_diff))
+    return Verdict(failing, validated, max_abs_diff=max_abs_diff, diffs=diffs)
 
 
 def fused_entries(report: Report) -> dict[RegionKey, RegionReport | RotaryReport]:
     """What validation judges, by the key it rolls back by."""
-    entries: dict[RegionKey, RegionReport | RotaryReport] = {
-        r.index: r for r in report.regions if r.status == Status.FUSED
-    }
-    entries.update({("rotary", r.index): r for r in report.rotary if r.status == Status.FUSED})
-    entries.update({("layer", r.index): r for r in report.layer_ops if r.status == Status.FUSED})
-    return entries
+    return {(r.kind, r.index): r for r in report.entries() if r.status == Status.FUSED}
 
 
 def ban_forms(
-    failing: dict[RegionKey, tuple[str, float]], report: Report, banned: dict[int, dict[str, str]]
+    failing: dict[RegionKey, tuple[str, float]], report: Report, banned: dict[RegionKey, dict[str, str]]
 ) -> dict[RegionKey, tuple[str, float]]:
     """Of the failing regions, those to roll back: a region with another fused form the target can write gets
     that form instead (the failed one banned for it, with the reason), and is tried again."""
     rollback = {}
+    entries = fused_entries(report)
     for key, (reason, diff) in failing.items():
-        entry = report.regions[key] if isinstance(key, int) and key < len(report.regions) else None
-        if entry is None or entry.form is None:
+        entry = entries.get(key)
+        if entry is None or getattr(entry, "form", None) is None:
             rollback[key] = (reason, diff)
             continue
         tried = banned.setdefault(key, {})

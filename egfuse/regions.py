@@ -41,15 +41,18 @@ _MAX_BACKWARD_DEPTH = 16  # dynamo 2.1–2.4 adds Expand → Reshape before each
 
 @dataclass
 class Region:
+    """The nodes one fused op may replace, found from its anchor (an attention region's Softmax, a norm's Sqrt,
+    a GELU's Erf, a rotation's rotate): what is lowered into the e-graph and written over, or kept, as one."""
+
     index: int
-    softmax: ir.Node
+    anchor: ir.Node
     nodes: list[ir.Node] = field(default_factory=list)  # in graph order
     outputs: list[ir.Value] = field(default_factory=list)  # values used outside the region
     main_output: ir.Value | None = None
 
     @property
     def name(self) -> str:
-        return self.softmax.name or f"softmax_{self.index}"
+        return self.anchor.name or f"{self.anchor.op_type.lower()}_{self.index}"
 
 
 def single_consumer(value: ir.Value) -> ir.Node | None:
@@ -205,7 +208,7 @@ def find_regions(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node] | Non
         members -= claimed
         members &= order.keys()  # a node of a nested graph (an If branch) is never a member
         claimed |= members
-        region = Region(index=len(regions), softmax=node, nodes=sorted(members, key=order.__getitem__))
+        region = Region(index=len(regions), anchor=node, nodes=sorted(members, key=order.__getitem__))
         tail = forward[-1] if forward else node
         regions.append(_with_outputs(region, tail.outputs[0]))
     return _joined_heads(regions, order)
@@ -233,7 +236,7 @@ def _joined_heads(regions: list[Region], order: dict[ir.Node, int]) -> list[Regi
         else:
             first = parts[0]
             nodes = {n for r in parts for n in r.nodes} | set(extra)
-            joined = Region(index=first.index, softmax=first.softmax, nodes=sorted(nodes, key=order.__getitem__))
+            joined = Region(index=first.index, anchor=first.anchor, nodes=sorted(nodes, key=order.__getitem__))
             gone.update(r.index for r in parts)
             merged[first.index] = _with_outputs(joined, node.outputs[0])
     kept = [merged.get(r.index, r) for r in regions if r.index not in gone or r.index in merged]

@@ -8,6 +8,10 @@ from enum import StrEnum
 
 from egfuse.version import __version__
 
+RegionKey = tuple[str, int]
+"""What validation judges and rolls back: a region's kind (:mod:`egfuse.kinds`) and its index among that kind's
+regions."""
+
 
 class Status(StrEnum):
     """What became of a region: a value of the report, one spelling everywhere (a ``str``: the JSON report and
@@ -40,6 +44,8 @@ class RegionReport:
     certificate: dict | None = None
     """For a fused region, the rule applications that put its form into its output's class, per saturation
     iteration (:class:`egfuse.certify.Certificate`): with ``max_abs_diff``, the region's proof."""
+    kind: str = "attention"
+    """The region kind (:mod:`egfuse.kinds`): with ``index``, the key validation judges it by."""
 
 
 @dataclass
@@ -55,6 +61,7 @@ class RotaryReport:
     max_abs_diff: float | None = None
     functions: list[str] = field(default_factory=list)  # model-local functions its nodes were inlined from
     candidates: list[dict] = field(default_factory=list)  # the forms its e-class held, priced (as a region's)
+    kind: str = "rotary"
 
 
 @dataclass
@@ -78,6 +85,10 @@ class Report:
     regions share one e-graph, so the counts are the model's; each fused region's own are in its certificate."""
     egfuse_version: str = __version__
 
+    def entries(self) -> list[RegionReport | RotaryReport]:
+        """Every region's entry, of every kind: attention, rotations, norms and activations."""
+        return [*self.regions, *self.rotary, *self.layer_ops]
+
     @property
     def fused(self) -> int:
         return sum(r.status == Status.FUSED for r in self.regions)
@@ -85,12 +96,12 @@ class Report:
     @property
     def changed(self) -> bool:
         """Anything rewritten: an attention region, a rotary embedding, a norm or an activation."""
-        return self.fused > 0 or any(r.status == Status.FUSED for r in [*self.rotary, *self.layer_ops])
+        return any(r.status == Status.FUSED for r in self.entries())
 
     def fused_ops(self) -> dict[str, int]:
         """Ops written, by kind (attention, RoPE, norms, activations), most first."""
         counts: dict[str, int] = {}
-        for r in [*self.regions, *self.rotary, *self.layer_ops]:
+        for r in self.entries():
             if r.status == Status.FUSED and r.fused_into:
                 counts[r.fused_into] = counts.get(r.fused_into, 0) + 1
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))

@@ -14,7 +14,6 @@ import onnx_ir as ir
 from egfuse.dims import Dim
 from egfuse.emitter_protocol import EmitterProtocol
 from egfuse.enodes import view
-from egfuse.rotary_tables import same_dim
 from egfuse.session import ENode
 from egfuse.targets.spec import FusedOp
 
@@ -83,3 +82,13 @@ def _check_table(
         raise ValueError(f"the {name} table's sequence length is not provably x's")
     # Expanding to x's batch is right whether the table's is B or 1, so it is written unless they are provably equal.
     return shape[0] is None or shape[0] != x_shape[0]
+
+
+def same_dim(table: Dim | None, x: Dim | None) -> bool:
+    """Equal dims, or a dim shape inference invented against one that is not 1: the graph multiplies the two,
+    which is legal only where they are equal or one is 1, and onnxruntime's RotaryEmbedding refuses tables
+    whose length or width is not x's (measured; the width is in the op's definition), so the op can never
+    silently differ."""
+    if table is None or x is None:
+        return False
+    return table == x or ((table.invented or x.invented) and Dim(1) not in (table, x))

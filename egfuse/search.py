@@ -1,6 +1,6 @@
 """Search: one pass of the pipeline over a prepared model — facts → rotations → regions → lower → saturate →
 extract → raise. Validation (:mod:`egfuse.judge`) decides what stays; a rolled-back region is excluded and the
-pass runs again (:func:`egfuse.api.fuse` holds that loop).
+pass runs again (:mod:`egfuse.fixpoint` holds that loop).
 """
 
 from __future__ import annotations
@@ -19,25 +19,21 @@ from egfuse.cost import CostModel
 from egfuse.enodes import value_index
 from egfuse.extract import extract
 from egfuse.facts import GraphFacts
-from egfuse.layer_regions import find_layer_regions, write_layer_regions
+from egfuse.kinds import KINDS, finding_order
 from egfuse.load import default_opset
 from egfuse.lower import Lowered, Lowerer
 from egfuse.memory import DEFAULT_BUDGET_BYTES
 from egfuse.prepare import infer_shapes
 from egfuse.region_writer import RegionWriter
-from egfuse.regions import Region, find_regions
+from egfuse.regions import Region
 from egfuse.repeats import NotRenamed, find_repeats
-from egfuse.report import Report, Status
-from egfuse.rotary import find_rotary_regions, write_rotary_regions
+from egfuse.report import RegionKey, Report
 from egfuse.rules import ruleset_for
 from egfuse.session import EClass, ENode, Session
 from egfuse.shape_reads import rewrite_dead_shape_reads
 from egfuse.shapes import class_shapes
-from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
+from egfuse.targets.spec import TargetSpec
 from egfuse.wide_classes import float32_classes
-
-RegionKey = int | tuple[str, int]
-"""What validation rolls back: an attention region's index, or ("rotary", index)."""
 
 
 @dataclass
@@ -58,7 +54,7 @@ def fuse_once(
     *,
     budgets: Budgets,
     excluded: dict[RegionKey, tuple[str, float]],
-    banned: dict[int, dict[str, str]],
+    banned: dict[RegionKey, dict[str, str]],
     source: str,
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None = None,
@@ -79,7 +75,7 @@ def _search(
     solve_once: bool,
     budgets: Budgets,
     excluded: dict[RegionKey, tuple[str, float]],
-    banned: dict[int, dict[str, str]],
+    banned: dict[RegionKey, dict[str, str]],
     source: str,
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None,
@@ -94,22 +90,14 @@ def _search(
     opset = default_opset(prepared)
     rollback = {"excluded": excluded, "banned": banned, "origins": origins}
     writer = _extracted(found, model.graph, facts, target, opset, budgets, report, rollback, solve_once=solve_once)
-    any_fused = False
-    for done, region in enumerate(found.regions):
-        progress.stage(f"extracting and writing region {done + 1}/{len(found.regions)}")
-        any_fused = writer.write_attention(region, report) or any_fused
-    write_layer_regions(found.layers, writer.class_of, writer.choice, excluded, lambda r: writer.write_chosen(r, "n"),
-                        report.layer_ops)  # fmt: skip
-    report.rotary = write_rotary_regions(
-        found.rotations, writer.class_of, writer.classes, writer.choice, excluded,
-        lambda r: writer.write_chosen(r, "rope"), target.no_rotary, writer.price,
-    )  # fmt: skip
-    for entry, rotation in zip(report.rotary, found.rotations, strict=True):
-        entry.functions = functions.origin([rotation.anchor], origins)
-    any_fused = any_fused or any(r.status == Status.FUSED for r in [*report.layer_ops, *report.rotary])
+    for kind in KINDS:
+        entries, regions = getattr(report, kind.report_list), found.by_kind[kind.name]
+        for done, region in enumerate(regions):
+            progress.stage(f"writing {kind.name} region {done + 1}/{len(regions)}")
+            entries.append(kind.write(region, writer))
     report.notes.extend(writer.notes)
     report.stats["seconds_certify"] = writer.seconds_certify
-    if any_fused:
+    if report.changed:
         _cleaned(model, facts, writer.opsets, report, opset)
     out = ir.serde.serialize_model(model)
     report.nodes_after = len(out.graph.node)
@@ -135,28 +123,26 @@ def _simplified(model: ir.Model, weights: protos.DetachedWeights | None) -> tupl
 
 @dataclass
 class _Found:
-    """The regions of each kind: rotations first (their outputs are plain values to the attention regions
-    found after them), attention, then the norms and activations no attention region claimed."""
+    """The regions of each kind (:mod:`egfuse.kinds`), in the registry's order."""
 
-    rotations: list
-    regions: list[Region]
-    layers: list
+    by_kind: dict[str, list[Region]]
 
     @classmethod
     def of(cls, graph: ir.Graph, facts: GraphFacts, target: TargetSpec) -> _Found:
-        rotations = find_rotary_regions(graph, facts)
-        rotation_nodes = {n for r in rotations for n in r.region.nodes}
-        regions = find_regions(graph, facts, rotation_nodes)
-        layers = []
-        if any(target.op_for(c) is not None for c in LAYER_OPS):
-            residual = any(target.op_for(c) is not None for c in RESIDUAL_NORMS)
-            claimed = {n for r in regions for n in r.nodes} | rotation_nodes
-            layers = find_layer_regions(graph, facts, claimed, residual_norms=residual)
-        return cls(rotations, regions, layers)
+        """Each kind's regions, found in turn: a node one kind holds stays out of the regions found after it."""
+        claimed: set[ir.Node] = set()
+        found: dict[str, list[Region]] = {}
+        for kind in finding_order():
+            found[kind.name] = kind.find(graph, facts, claimed, target)
+            claimed |= {node for region in found[kind.name] for node in region.nodes}
+        return cls({kind.name: found[kind.name] for kind in KINDS})
+
+    @property
+    def attention(self) -> list[Region]:
+        return self.by_kind["attention"]
 
     def kinds(self) -> list[tuple[str, Region]]:
-        kinds = [("attention", r) for r in self.regions] + [("layer", r) for r in self.layers]
-        return kinds + [("rotary", r.region) for r in self.rotations]
+        return [(name, region) for name, regions in self.by_kind.items() for region in regions]
 
 
 def _extracted(
@@ -184,14 +170,14 @@ def _extracted(
     for region in repeats.representatives:
         lowerer.lower(region)
     session.add(lowerer.table.commands)
-    _saturate(session, ruleset, budgets, report, len(found.regions))
+    _saturate(session, ruleset, budgets, report, len(found.attention))
     classes, fact_tables = session.freeze()
     session.egraph.pop()
     certifier.adopt(session)
     class_of = _classes_of_values(classes, lowerer.table)
-    repeats.extend(class_of, [*found.layers, *(r.region for r in found.rotations)])
+    repeats.extend(class_of, [region for name, region in found.kinds() if name != "attention"])
     # Each region was lowered alone before any is rewritten: its certificate is saturated once it is fused.
-    regions = found.regions
+    regions = found.attention
     alone = {r.index: repeats.lowered[id(r)] for r in regions if r.main_output in repeats.classes_of(r, class_of)}
     # Regions that lower alone to the same commands are one region up to value names (same ops, attributes,
     # constants and shapes): the layers of a model. Their certificate is saturated once.
@@ -202,8 +188,8 @@ def _extracted(
     choice = extract(classes, cost_model)
     return RegionWriter(
         graph=graph, facts=facts, target=target, opset=opset, table=lowerer.table, classes=classes,
-        rank_of=fact_tables["rank_of"], shapes=shapes, cost_model=cost_model, choice=choice, repeats=repeats,
-        class_of=class_of, certifier=certifier, alone=alone, **rollback,
+        rank_of=fact_tables["rank_of"], fact_tables=fact_tables, shapes=shapes, cost_model=cost_model, choice=choice,
+        repeats=repeats, class_of=class_of, certifier=certifier, alone=alone, **rollback,
     )  # fmt: skip
 
 

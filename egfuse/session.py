@@ -183,6 +183,8 @@ class Session:
             "finite": {},
             "heads_of": {},
             "head_invariant": {},
+            "last_dim": {},
+            "halves_repeat": {},
         }
 
         classes_by_value: dict[bindings.Value, EClass] = {}

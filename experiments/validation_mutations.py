@@ -441,7 +441,9 @@ def trial(original: onnx.ModelProto, result: egfuse.FuseResult, fault: Callable[
     if mutant.node is None or not fault(mutant):
         return None
     report = copy.deepcopy(result.report)  # an invalid mutant is judged too: onnxruntime refusing it is a catch
-    failing = judge(original, mutant.model, report, None, None)
+    verdict = judge(original, mutant.model, report, None, None)
+    verdict.record(report)
+    failing = verdict.failing
     caught = bool(failing) or report.validated is not True
     worst = max((diff for _, diff in failing.values()), default=report.max_abs_diff or 0.0)
     return {"caught": caught, "max_abs_diff": float(worst) if np.isfinite(worst) else str(worst),

@@ -6,36 +6,35 @@ from the rotation's one unmistakable node, the ``Concat`` that puts ``Neg`` in f
 products, the sum, a partial rotation's ends and the ops its cos/sin tables are computed with. What it
 computes is decided by the rules (:mod:`egfuse.rules.rotary`: the tables are proven to repeat what the op
 reads), extraction chooses ``RotaryEmbedding`` by cost where the target writes it, and
-:mod:`egfuse.rotary_write` writes it. A region the rules prove nothing of keeps its ops; the report says why
-(:mod:`egfuse.rotary_check`). A rotation's output is an ordinary value to the attention regions, so a rotation
-that is not fused never blocks attention.
+:mod:`egfuse.rotary_write` writes it. A region the rules prove nothing of keeps its ops; the report says which
+step of the rules it did not reach (:mod:`egfuse.kinds.rotary_why`). A rotation's output is an ordinary value to
+the attention regions, so a rotation that is not fused never blocks attention.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
+from egfuse import functions
 from egfuse.facts import GraphFacts
+from egfuse.kinds.base import RegionKind
+from egfuse.kinds.rotary_why import RotationValues, variant, why_not
+from egfuse.region_writer import RegionWriter
 from egfuse.regions import Region, _with_outputs, reads_type_only, single_consumer
 from egfuse.report import RotaryReport, Status
-from egfuse.rotary_check import explain
-from egfuse.rotary_tables import producer
-from egfuse.session import EClass
-from egfuse.targets.spec import ROTARY_OPS, FusedOp
+from egfuse.targets.spec import ROTARY_OPS, TargetSpec
 
 
-@dataclass
-class RotaryRegion:
-    """A rotation's nodes, found from its anchor: lowered into the e-graph, where the rules decide what it is."""
+@dataclass(eq=False)
+class RotaryRegion(Region):
+    """A rotation's nodes, found from its anchor (the node whose output is rotate(x)): lowered into the e-graph,
+    where the rules decide what it is."""
 
-    region: Region
-    anchor: ir.Node  # the node whose output is rotate(x)
-    reason: str | None  # what the structural check says is not a fusable rotation (None: it sees none)
-    variant: str  # rotate-half or interleaved, partial or not: the report's name for it
+    spelling: str = "rotate-half"  # or "interleaved": how the rotate pairs x's features
+    values: RotationValues | None = None  # what each step of the rotation computes, for the explanation
 
 
 _TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "Mul", "Div", "Identity", "Neg", "Slice",
@@ -43,6 +42,11 @@ _TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "
                         "Expand", "Tile", "Reshape"})  # fmt: skip
 """Ops a cos/sin table is computed with, after its angles: walked back from the products that read it."""
 _MAX_TABLE_DEPTH = 8
+
+
+def find(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node], target: TargetSpec) -> list[Region]:
+    """Every rotation (found before the other kinds: nothing is claimed yet)."""
+    return find_rotary_regions(graph, facts)
 
 
 def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion]:
@@ -60,11 +64,11 @@ def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion
             users = [use.node for use in node.outputs[0].uses() if use.node.op_type != "Shape"]
             anchor = users[0] if len(users) == 1 and users[0].op_type == "Reshape" else node
             members.add(anchor)
-        reason, variant = explain(node, anchor, spelling == "interleaved", facts)
-        output, around = _around(anchor, members, facts)
+        values, around = _around(anchor, members, facts)
         members |= around
-        region = Region(index=len(found), softmax=anchor, nodes=sorted(members, key=order.__getitem__))
-        found.append(RotaryRegion(_with_outputs(region, output), anchor, reason, variant))
+        nodes = sorted(members, key=order.__getitem__)
+        region = RotaryRegion(index=len(found), anchor=anchor, nodes=nodes, spelling=spelling, values=values)
+        found.append(_with_outputs(region, values.output))
     return found
 
 
@@ -85,20 +89,20 @@ def _reader(value: ir.Value) -> ir.Node | None:
     return readers.pop() if len(readers) == 1 else None
 
 
-def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[ir.Value, set[ir.Node]]:
+def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[RotationValues, set[ir.Node]]:
     """The products, the sum and the partial rotation's ends around ``rotate(x)``, with the table ops; and the
-    value the rotation computes (``rotate(x)`` itself where they are not there)."""
+    values of each step (the output ``rotate(x)`` itself where they are not there)."""
     rotated = anchor.outputs[0]
     mul_sin = single_consumer(rotated)
     if mul_sin is None or mul_sin.op_type != "Mul":
-        return rotated, set()
+        return RotationValues(rotated, None, None, None, rotated), set()
     around, term = {mul_sin}, mul_sin.outputs[0]
     add = _reader(term)
     if add is not None and add.op_type == "Mul" and any(facts.const(v) is not None for v in add.inputs):
         around.add(add)  # torchlib's add(x, y, alpha): y · alpha, then the sum
         term, add = add.outputs[0], _reader(add.outputs[0])
     if add is None or add.op_type != "Add":
-        return rotated, set()
+        return RotationValues(rotated, mul_sin.outputs[0], None, None, rotated), set()
     around.add(add)
     mul_cos = next((v.producer() for v in add.inputs if v is not term and v is not None), None)
     slices = [n for n in members if n.op_type == "Slice"]
@@ -115,7 +119,9 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
     if source is not None and source.op_type == "Slice" and putback is not None and putback.op_type == "Concat":
         around |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
         output = putback.outputs[0]
-    return output, {n for n in around if n is not None}
+    cos_term = mul_cos.outputs[0] if mul_cos is not None else None
+    values = RotationValues(rotated, mul_sin.outputs[0], cos_term, add.outputs[0], output)
+    return values, {n for n in around if n is not None}
 
 
 def _table_nodes(value: ir.Value) -> set[ir.Node]:
@@ -135,6 +141,10 @@ def _table_nodes(value: ir.Value) -> set[ir.Node]:
     return found
 
 
+def producer(value: ir.Value | None) -> ir.Node | None:
+    return None if value is None else value.producer()
+
+
 def _spelling(concat: ir.Node) -> str | None:
     """``Concat(Neg(Slice(x)), Slice(x))`` is rotate-half; the same with an ``Unsqueeze`` on each side is
     interleaved — the shape of a rotation, before any proof."""
@@ -152,44 +162,42 @@ def _spelling(concat: ir.Node) -> str | None:
     return spelling
 
 
-def write_rotary_regions(
-    regions: list[RotaryRegion],
-    class_of: dict[ir.Value, EClass],
-    classes: dict,
-    choice: dict,
-    excluded: dict,
-    write: Callable[[Region], FusedOp],
-    unavailable: str | None,
-    price: Callable[[EClass], list[dict]],
-) -> list[RotaryReport]:
-    """Each region written where extraction chose ``rotary`` for its output (``write(region)`` inserts the
-    nodes, or raises ValueError when the op cannot be written); the report entry of each, with the forms its
-    e-class held priced by ``price``."""
-    entries = []
-    for found in regions:
-        region = found.region
-        entry = RotaryReport(region.index, region.main_output.name or "", Status.NOT_FUSED, variant=found.variant)
-        entries.append(entry)
-        main = class_of.get(region.main_output)
-        entry.candidates = price(main) if main is not None else []
-        chosen = choice[main].node if main is not None and main in choice else None
-        if chosen is None or chosen.op not in ROTARY_OPS:
-            proven = main is not None and any(n.op in ROTARY_OPS for n in classes.get(main, ()))
-            if not proven:
-                entry.reason = found.reason or "the rules prove no rotation here (a missing identity?)"
-            else:
-                dtype = region.main_output.dtype
-                kind = np.dtype(dtype.numpy()).name if dtype is not None else "its element type"
-                entry.reason = unavailable or f"onnxruntime has no RotaryEmbedding kernel for {kind}"
-            continue
-        if ("rotary", region.index) in excluded:
-            entry.status = Status.ROLLED_BACK
-            entry.reason, entry.max_abs_diff = excluded["rotary", region.index]
-            continue
-        try:
-            written = write(region)
-        except (ValueError, KeyError) as err:
-            entry.reason = str(err)
-            continue
-        entry.status, entry.fused_into = Status.FUSED, written.label
-    return entries
+def write(region: Region, writer: RegionWriter) -> RotaryReport:
+    """The rotation written where extraction chose ``rotary`` for its output, or kept with the reason; its
+    entry lists the forms its e-class held, priced."""
+    assert isinstance(region, RotaryRegion)
+    class_of = writer.repeats.classes_of(region, writer.class_of)
+    variant_name = variant(region.values, region.spelling, writer, class_of)
+    entry = RotaryReport(region.index, region.main_output.name or "", Status.NOT_FUSED, variant=variant_name)
+    entry.functions = functions.origin([region.anchor], writer.origins)
+    main = writer.class_of.get(region.main_output)
+    entry.candidates = writer.price(main) if main is not None else []
+    chosen = writer.choice[main].node if main is not None and main in writer.choice else None
+    if chosen is None or chosen.op not in ROTARY_OPS:
+        entry.reason = _explain(region, writer, main, class_of)
+        return entry
+    if (KIND.name, region.index) in writer.excluded:
+        entry.status = Status.ROLLED_BACK
+        entry.reason, entry.max_abs_diff = writer.excluded[KIND.name, region.index]
+        return entry
+    try:
+        written = writer.write_chosen(region, "rope")
+    except (ValueError, KeyError) as err:
+        entry.reason = str(err)
+        return entry
+    entry.status, entry.fused_into = Status.FUSED, written.label
+    return entry
+
+
+def _explain(region: RotaryRegion, writer: RegionWriter, main, class_of) -> str:
+    """Why no ``RotaryEmbedding`` was chosen: the rules proved no rotation (the structural check says where it
+    differs from one), or the target has no kernel for it."""
+    proven = main is not None and any(n.op in ROTARY_OPS for n in writer.classes.get(main, ()))
+    if not proven:
+        return why_not(region.values, region.spelling, writer, class_of)
+    dtype = region.main_output.dtype
+    kind = np.dtype(dtype.numpy()).name if dtype is not None else "its element type"
+    return writer.target.no_rotary or f"onnxruntime has no RotaryEmbedding kernel for {kind}"
+
+
+KIND = RegionKind(name="rotary", report_list="rotary", find=find, write=write, claims_first=True)

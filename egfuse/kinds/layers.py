@@ -1,5 +1,5 @@
-"""The rest of a layer — norms and activations: regions found beside the attention regions, lowered into the
-same e-graph, written after extraction and judged like attention.
+"""The rest of a layer — norms and activations: a region kind found beside attention, lowered into the same
+e-graph, written after extraction and judged like attention.
 
 * a **norm** region is the neighbourhood of a ``Sqrt`` whose input reduces with ``ReduceMean``: back to the
   input the means read, forward through the division and the per-feature scale and shift;
@@ -15,15 +15,15 @@ original on onnxruntime is put back alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import onnx_ir as ir
 
+from egfuse.enodes import view
 from egfuse.facts import GraphFacts
+from egfuse.kinds.base import RegionKind
+from egfuse.region_writer import RegionWriter
 from egfuse.regions import Region, _with_outputs, single_consumer
 from egfuse.report import RegionReport, Status
-from egfuse.session import EClass
-from egfuse.targets.spec import LAYER_OPS, FusedOp
+from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 
 NORM_VOCABULARY = frozenset({"ReduceMean", "Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"})
 """The ops a norm is spelled with."""
@@ -31,6 +31,14 @@ _MAX_DEPTH = 8
 _NORM_FORWARD = frozenset({"Div", "Reciprocal", "Mul", "Add", "Cast"})
 _GELU_FORWARD = frozenset({"Add", "Mul", "Div"})
 _SCALES = ("Mul", "Div")
+
+
+def find(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node], target: TargetSpec) -> list[Region]:
+    """The norm and GELU regions no other kind holds, where ``target`` writes any norm or activation."""
+    if not any(target.op_for(c) is not None for c in LAYER_OPS):
+        return []
+    residual = any(target.op_for(c) is not None for c in RESIDUAL_NORMS)
+    return find_layer_regions(graph, facts, claimed, residual_norms=residual)
 
 
 def find_layer_regions(
@@ -56,7 +64,7 @@ def find_layer_regions(
             continue
         members, main = found
         claimed |= members
-        region = Region(index=len(regions), softmax=node, nodes=sorted(members, key=order.__getitem__))
+        region = Region(index=len(regions), anchor=node, nodes=sorted(members, key=order.__getitem__))
         regions.append(_with_outputs(region, main))
     return regions
 
@@ -176,35 +184,72 @@ def _forward(start: ir.Node, facts: GraphFacts, claimed: set[ir.Node], ops: froz
     return chain
 
 
-def write_layer_regions(
-    regions: list[Region],
-    class_of: dict[ir.Value, EClass],
-    choice: dict,
-    excluded: dict,
-    write: Callable[[Region], FusedOp],
-    entries: list[RegionReport],
-) -> set[tuple[str, int]]:
-    """Each region written with its extracted form (``write(region)`` inserts the nodes and returns the op it
-    wrote, or raises ValueError when the form cannot be written). Returns the (domain, opset) pairs used."""
-    opsets: set[tuple[str, int]] = set()
-    for region in regions:
-        entry = RegionReport(region.index, region.name, Status.NOT_FUSED, output=region.main_output.name)
-        entries.append(entry)
-        main = class_of.get(region.main_output)
-        chosen = choice[main].node if main is not None and main in choice else None
-        if chosen is None or chosen.op not in LAYER_OPS:
-            what = "norm" if region.softmax.op_type == "Sqrt" else "GELU"
-            entry.reason = f"not a {what} the rules know (no fused term in the output's e-class)"
-            continue
-        if ("layer", region.index) in excluded:
-            reason, diff = excluded["layer", region.index]
-            entry.status, entry.reason, entry.max_abs_diff = Status.ROLLED_BACK, reason, diff
-            continue
-        try:
-            written = write(region)
-        except (ValueError, KeyError) as err:
-            entry.reason = f"the fused form could not be written as ONNX: {err}"
-            continue
-        entry.status, entry.form, entry.fused_into = Status.FUSED, chosen.op, written.label
-        opsets.add((written.domain, written.opset))
-    return opsets
+def write(region: Region, writer: RegionWriter) -> RegionReport:
+    """The region written with its extracted form, or kept with the reason."""
+    entry = RegionReport(region.index, region.name, Status.NOT_FUSED, output=region.main_output.name, kind=KIND.name)
+    main = writer.class_of.get(region.main_output)
+    chosen = writer.choice[main].node if main is not None and main in writer.choice else None
+    if chosen is None or chosen.op not in LAYER_OPS:
+        entry.reason = _why_not(region, writer)
+        return entry
+    if (KIND.name, region.index) in writer.excluded:
+        reason, diff = writer.excluded[KIND.name, region.index]
+        entry.status, entry.reason, entry.max_abs_diff = Status.ROLLED_BACK, reason, diff
+        return entry
+    try:
+        written = writer.write_chosen(region, "n")
+    except (ValueError, KeyError) as err:
+        entry.reason = f"the fused form could not be written as ONNX: {err}"
+        return entry
+    entry.status, entry.form, entry.fused_into = Status.FUSED, chosen.op, written.label
+    return entry
+
+
+def _why_not(region: Region, writer: RegionWriter) -> str:
+    """The first step of :mod:`egfuse.rules.norms` / :mod:`egfuse.rules.gelu` whose term no e-class of the
+    region's values holds: read off the saturated e-graph, in the order the rules build the fused form."""
+    class_of = writer.repeats.classes_of(region, writer.class_of)
+
+    def held(value: ir.Value | None) -> set[str]:
+        cid = class_of.get(value) if value is not None else None
+        return {n.op for n in writer.classes.get(cid, [])} if cid is not None else set()
+
+    reached = set().union(*(held(v) for n in region.nodes for v in n.outputs))
+    main = held(region.main_output)
+    if main & LAYER_OPS:
+        fused = ", ".join(sorted(main & LAYER_OPS))
+        return f"the rules prove {fused}, but target {writer.target.name!r} prices the ops as written lower"
+    anchor = region.anchor
+    if anchor.op_type == "Erf":
+        if "gelu_cdf" not in reached:
+            return "erf's argument is not x / √2 (nor x · 1/√2), or 1 is not added to it: no GELU bracket"
+        return "the GELU bracket 1 + erf(x/√2) is not multiplied by x and ½ (in any order)"
+    if anchor.op_type == "LayerNormalization":
+        return "the norm's input is not a residual sum a skip norm can take (two tensors of the same shape)"
+    if not reached & {"normalized", "rms_normalized"}:
+        return _root_why_not(writer, class_of.get(anchor.inputs[0]))
+    return "normalized, but not scaled by a per-feature weight γ (one stored value per feature) and shifted by β"
+
+
+def _root_why_not(writer: RegionWriter, root) -> str:
+    """Why √(·) is not a norm's root: no ε added, the mean not the last axis's, ε not a constant ≥ 0."""
+
+    def nodes(cid, op: str) -> list:
+        return [n for n in writer.classes.get(cid, []) if n.op == op] if cid is not None else []
+
+    sums = nodes(root, "add")
+    if not sums:
+        return "the root is not √(mean(·) + ε): no constant ε added to a mean of the last axis"
+    scalars = writer.fact_tables.get("scalar_of", {})
+    for total in sums:
+        for mean, eps in ((view(total).a, view(total).b), (view(total).b, view(total).a)):
+            if nodes(mean, "reduce_mean") and scalars.get(eps) is None:
+                return "ε added to the mean is not a constant"
+            if nodes(mean, "reduce_mean") and scalars[eps] < 0:
+                return f"ε added to the mean is negative ({scalars[eps]:g})"
+    if not any(nodes(view(t).a, "reduce_mean") or nodes(view(t).b, "reduce_mean") for t in sums):
+        return "the mean under the root is not over the last axis (a ReduceMean of the last axis, kept)"
+    return "the division is not (x − mean x) / √(var x + ε) nor x / √(mean x² + ε) over the last axis"
+
+
+KIND = RegionKind(name="layer", report_list="layer_ops", find=find, write=write)
