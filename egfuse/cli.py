@@ -177,7 +177,7 @@ def _targets() -> int:
 def _profiled(name: str, path: Path, providers: tuple[str, ...]) -> object:
     """The target as priced for the first provider it has a variant for (``--provider``: a CUDA profile refits
     the CUDA variant, with the ops CUDA runs and its choices), refitted by the profile at ``path``."""
-    from egfuse.calibrate import profiled_target
+    from egfuse.profiles import profiled_target
 
     try:
         return profiled_target(name, path, providers)
