@@ -9,15 +9,16 @@ order — and carried as one symbol holding that form's text, so two spellings o
 
 from __future__ import annotations
 
-import ast
 import functools
-import math
-import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
+
+from egfuse.dim_eval import evaluate
+from egfuse.dim_polys import Poly, is_sum, normal_form, parse_poly, poly_div, poly_mul, poly_of
+
+__all__ = ["Dim", "Shape", "evaluate", "integer_text_dims", "product", "reshape_result", "shape_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -52,7 +53,7 @@ class Dim:
                 else:
                     syms.append(f)
             return Dim(coef, tuple(sorted(syms)))
-        poly = _parse_poly(text)
+        poly = parse_poly(text)
         return Dim(1, (text,)) if poly is None else _from_poly(poly)
 
     @property
@@ -68,11 +69,11 @@ class Dim:
     @property
     def summed(self) -> bool:
         """A sum of products carried as its normal form's text (see the module docstring)."""
-        return any(_is_sum(sym) for sym in self.syms)
+        return any(is_sum(sym) for sym in self.syms)
 
     def __mul__(self, other: Dim) -> Dim:
         if self.summed or other.summed:
-            return _from_poly(_poly_mul(_to_poly(self), _to_poly(other)))
+            return _from_poly(poly_mul(_to_poly(self), _to_poly(other)))
         return Dim(self.coef * other.coef, tuple(sorted(self.syms + other.syms)))
 
     def plus(self, other: Dim, sign: int = 1) -> Dim:
@@ -85,7 +86,7 @@ class Dim:
     def div(self, other: Dim) -> Dim | None:
         """Exact quotient, or ``None`` when ``other`` does not divide ``self``."""
         if self.summed or other.summed:
-            quotient = _poly_div(_to_poly(self), _to_poly(other))
+            quotient = poly_div(_to_poly(self), _to_poly(other))
             return None if quotient is None else _from_poly(quotient)
         if other.coef == 0 or self.coef % other.coef:
             return None
@@ -105,177 +106,13 @@ class Dim:
 
 Shape = tuple[Dim | None, ...]
 
-Poly = dict[tuple[str, ...], int]  # sorted atoms of a term → its coefficient
-
-
-def _is_sum(sym: str) -> bool:
-    return " + " in sym or " - " in sym or sym.startswith("-")
-
 
 def _to_poly(d: Dim) -> Poly:
-    poly: Poly = {(): d.coef}
-    for sym in d.syms:
-        factor = _parse_poly(sym) if _is_sum(sym) else None
-        poly = _poly_mul(poly, factor if factor is not None else {(sym,): 1})
-    return poly
-
-
-def _poly_mul(a: Poly, b: Poly) -> Poly:
-    out: Poly = {}
-    for ta, ca in a.items():
-        for tb, cb in b.items():
-            term = tuple(sorted(ta + tb))
-            out[term] = out.get(term, 0) + ca * cb
-    return out
-
-
-def _poly_div(a: Poly, b: Poly) -> Poly | None:
-    """Exact quotient ``a / b`` of two polynomials, or ``None`` where ``b`` does not divide ``a`` — long division
-    under a graded order (the leading term of a product is the product of the leading terms, so an exact
-    quotient shows itself term by term): ``(8·past + 8·new)·B·4 / (8·past + 8·new)`` is ``4·B``, the folded
-    batch of a cache's keys reshaped with -1."""
-    atoms = sorted({s for term in (*a, *b) for s in term})
-
-    def order(term: tuple[str, ...]) -> tuple:
-        return (len(term), tuple(term.count(atom) for atom in atoms))
-
-    divisor = {t: c for t, c in b.items() if c}
-    remainder = {t: c for t, c in a.items() if c}
-    if not divisor:
-        return None
-    lead = max(divisor, key=order)
-    quotient: Poly = {}
-    while remainder:
-        term = max(remainder, key=order)
-        rest = list(term)
-        for atom in lead:
-            if atom not in rest:
-                return None
-            rest.remove(atom)
-        if remainder[term] % divisor[lead]:
-            return None
-        q_term, q_coef = tuple(sorted(rest)), remainder[term] // divisor[lead]
-        quotient[q_term] = quotient.get(q_term, 0) + q_coef
-        for t, c in divisor.items():
-            product_term = tuple(sorted(q_term + t))
-            remainder[product_term] = remainder.get(product_term, 0) - q_coef * c
-            if not remainder[product_term]:
-                del remainder[product_term]
-    return quotient
-
-
-def _term_text(term: tuple[str, ...], coef: int) -> str:
-    if not term:
-        return str(coef)
-    return "*".join(term) if coef == 1 else f"{coef}*" + "*".join(term)
+    return poly_of(d.coef, d.syms)
 
 
 def _from_poly(poly: Poly) -> Dim:
-    terms = sorted(((t, c) for t, c in poly.items() if c), key=lambda tc: (-len(tc[0]), tc[0]))
-    if not terms:
-        return Dim(0)
-    if len(terms) == 1:
-        term, coef = terms[0]
-        return Dim(coef, term)
-    text = _term_text(*terms[0])
-    for term, coef in terms[1:]:
-        text += f" - {_term_text(term, -coef)}" if coef < 0 else f" + {_term_text(term, coef)}"
-    return Dim(1, (text,))
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_poly(text: str) -> Poly | None:
-    """A dim's text as a polynomial (``+ - *`` and integers over names; a floor quotient, ``/`` or a call is one
-    atom written from its operands' normal forms); ``None`` where the text is no such expression."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        return None
-
-    def walk(node: ast.AST) -> Poly | None:
-        if isinstance(node, ast.Name):
-            return {(node.id,): 1}
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return {(): node.value}
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            inner = walk(node.operand)
-            return None if inner is None else {t: -c for t, c in inner.items()}
-        if isinstance(node, ast.BinOp):
-            a, b = walk(node.left), walk(node.right)
-            if a is None or b is None:
-                return None
-            if isinstance(node.op, ast.Mult):
-                return _poly_mul(a, b)
-            if isinstance(node.op, ast.Add | ast.Sub):
-                sign = 1 if isinstance(node.op, ast.Add) else -1
-                out = dict(a)
-                for t, c in b.items():
-                    out[t] = out.get(t, 0) + sign * c
-                return out
-            op = {ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%"}.get(type(node.op))
-            if op is None:
-                return None
-            atom = f"({_atom_text(a)}){op}({_atom_text(b)})"
-            return {(atom,): 1}
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            args = [walk(arg) for arg in node.args]
-            if any(arg is None for arg in args):
-                return None
-            return {(f"{node.func.id}(" + ", ".join(_atom_text(arg) for arg in args) + ")",): 1}  # type: ignore[arg-type]
-        return None
-
-    return walk(tree)
-
-
-_CALLS: dict[str, Callable[..., int]] = {
-    "Max": max, "max": max, "Min": min, "min": min, "Abs": abs, "abs": abs,
-    "floor": math.floor, "ceil": math.ceil, "FloorDiv": operator.floordiv, "Mod": operator.mod,
-}  # fmt: skip
-_BINARY: dict[type, Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Div: operator.floordiv,
-}
-
-
-def evaluate(text: str, size_of: Callable[[str], int]) -> int | None:
-    """The number a dim's text comes to once each name has a size, or ``None`` where the text is no expression
-    over ``+ - * // % /`` and the calls exporters write (``Max(0, 1 - s)``: torch's symbolic shapes). A call is one
-    atom of a polynomial, so expanding polynomials never gets rid of it: only evaluation does."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        return None
-
-    def walk(node: ast.AST) -> int | None:
-        if isinstance(node, ast.Name):
-            return size_of(node.id)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            inner = walk(node.operand)
-            return None if inner is None else -inner
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            a, b = walk(node.left), walk(node.right)
-            if a is None or b is None or (b == 0 and not isinstance(node.op, ast.Add | ast.Sub | ast.Mult)):
-                return None
-            return _BINARY[type(node.op)](a, b)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
-            args = [walk(arg) for arg in node.args]
-            if not args or any(arg is None for arg in args) or node.keywords:
-                return None
-            return int(_CALLS[node.func.id](*args))
-        return None
-
-    return walk(tree)
-
-
-def _atom_text(poly: Poly) -> str:
-    d = _from_poly(poly)
-    return str(d)
+    return Dim(*normal_form(poly))
 
 
 def shape_of(value: ir.Value) -> Shape | None:

@@ -3,7 +3,7 @@
 Runs go through :mod:`~egfuse.runner`, wider references through :mod:`~egfuse.widen`; feeds come from
 :mod:`~egfuse.inputs` (or the user). Region outputs keep their names through fusion, so one run compares every
 region separately and a failing region can be rolled back alone. This module judges: tolerances and the
-comparison of one output.
+comparison of one output (half-precision outputs row by row in :mod:`~egfuse.half_compare`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from egfuse.half_compare import HALF_ULPS, ROUNDING_ULPS, against_reference, fill_decided, finite_where_original_is
 from egfuse.inputs import make_feeds, mask_feed_sets
+from egfuse.row_diffs import max_diff, per_row, row_ulps
 from egfuse.runner import ATOL, DEFAULTS, RTOL, Settings, available, current, original_outputs, run, using
 from egfuse.widen import largest_fill, references, upcast, upcast_feeds
 
 __all__ = [
     "ATOL",
     "DEFAULTS",
+    "HALF_ULPS",
+    "ROUNDING_ULPS",
     "RTOL",
     "Comparison",
     "Settings",
@@ -27,6 +31,7 @@ __all__ = [
     "compare",
     "compare_models",
     "current",
+    "fill_decided",
     "largest_fill",
     "make_feeds",
     "mask_feed_sets",
@@ -51,20 +56,6 @@ FILL_ULP_CAP = 2.0**-4
 """The largest fill ulp (that of 1e6 in float32) that excuses an error in a fill-rounded row: past it the fill
 absorbs the scores rather than rounds them (finfo.min, −1e9), both programs give that row one answer, and a
 kernel's 0 in place of the graph's uniform average must still be seen."""
-
-HALF_ULPS = 8
-"""float16/bfloat16 outputs with a float32 reference: the fused op may be off it by twice the original's
-own error plus this many ulps of the output's magnitude. It rounds its intermediates differently from the
-unfused graph (the scale applied once instead of to Q and K, say), which costs a few ulps on its own."""
-
-ROUNDING_ULPS = 64
-"""A half-precision row (the last axis: one query position's output) that the original itself misses its
-float32 evaluation by more than this many ulps is a row whose answer is the rounding of its scores against a
-finite fill — every key it may see hidden (padding on the left under a causal mask makes them in any feeds,
-not only those built to). No kernel is bound to reproduce that rounding (onnxruntime's float16 ``Attention``
-computes the masked softmax in float32), so such a row need only be finite where the original's row is. The
-other rows are judged against the original's precision on them alone: a fault in an ordinary row cannot hide
-behind another row's rounding."""
 
 
 @dataclass
@@ -134,9 +125,10 @@ def compare(
         return Comparison(name, 0.0 if same else float("inf"), same)
     half = np.finfo(expected.dtype).bits <= 16
     if half and finite_only:  # only finiteness asked: no closeness to report, a non-finite value is infinitely off
-        return _finite_where_original_is(name, expected, actual)
+        ok = finite_where_original_is(expected, actual)
+        return Comparison(name, 0.0 if ok else float("inf"), ok)
     if half and reference is not None and reference.shape == expected.shape:
-        return _half_against_reference(name, expected, actual, reference, absorbed)
+        return Comparison(name, *against_reference(expected, actual, reference, absorbed))
     return _within_tolerance(name, expected, actual, reference, half=half, fill=fill, copy_of_half=copy_of_half)
 
 
@@ -154,31 +146,6 @@ def _undefined_agreed(
     return actual, reference
 
 
-def _finite_where_original_is(name: str, expected: np.ndarray, actual: np.ndarray) -> Comparison:
-    """A half-precision output on feeds that mask whole rows: each row finite wherever the original's is."""
-    finite = np.isfinite(actual) | ~np.isfinite(expected)
-    ok = bool(np.all(_rows(finite) | ~_rows(np.isfinite(expected))))
-    return Comparison(name, 0.0 if ok else float("inf"), ok)
-
-
-def _half_against_reference(
-    name: str, expected: np.ndarray, actual: np.ndarray, reference: np.ndarray, absorbed: np.ndarray | None
-) -> Comparison:
-    """A half-precision output against its float32 ``reference``: the rows the fill's rounding decides need
-    only be finite, every other row as close as the original's own error allows."""
-    diff = _max_diff(expected, actual)[1]
-    finite = np.isfinite(actual) | ~np.isfinite(expected)
-    own = _rows(_max_diff(reference, expected)[1])
-    rounding = (own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)) | fill_decided(
-        expected.dtype, reference, absorbed
-    )
-    close = _as_close_as_original(expected, actual, reference, ~rounding)
-    judged = _rows(diff)[~rounding]  # the difference reported: over the rows judged for closeness
-    return Comparison(
-        name, float(judged.max()) if judged.size else 0.0, bool(np.all(close | (rounding & _rows(finite))))
-    )
-
-
 def _within_tolerance(
     name: str,
     expected: np.ndarray,
@@ -191,12 +158,12 @@ def _within_tolerance(
 ) -> Comparison:
     """``atol + rtol·|expected|`` elementwise; a miss may still be rescued row by row by a float64
     ``reference`` (:func:`_rescued_by_float64`) unless the user asked for the original's bits."""
-    worst, diff = _max_diff(expected, actual)
+    worst, diff = max_diff(expected, actual)
     settings = current()
     atol, rtol = (HALF_TOLERANCE, HALF_TOLERANCE) if half or copy_of_half else (settings.atol, settings.rtol)
     magnitude = np.nan_to_num(np.abs(expected.astype(np.float64)), posinf=0.0)
     if copy_of_half and magnitude.ndim and magnitude.shape[-1]:  # an entry of P·V errs by its row's scale
-        magnitude = np.broadcast_to(_rows(magnitude).reshape(*magnitude.shape[:-1], 1), magnitude.shape)
+        magnitude = np.broadcast_to(per_row(magnitude).reshape(*magnitude.shape[:-1], 1), magnitude.shape)
     within = diff <= atol + rtol * magnitude
     ok = bool(np.all(within))
     exact = settings.atol == 0.0 and settings.rtol == 0.0  # the user asked for the original's bits: no rescue
@@ -219,35 +186,17 @@ def _rescued_by_float64(
     than ``FILL_ROUNDING_FACTOR`` times the original's own error (and, in a row rounded against a finite fill,
     than that factor times the fill's ulp): see :func:`compare`."""
     tolerance = atol + rtol * np.nan_to_num(np.abs(reference), posinf=0.0)
-    own, ours = _max_diff(reference, expected)[1], _max_diff(reference, actual)[1]
-    rounding = ~_rows(own <= tolerance)  # rows the original itself misses the exact answer in
-    own = _rows(own)
+    own, ours = max_diff(reference, expected)[1], max_diff(reference, actual)[1]
+    rounding = ~per_row(own <= tolerance)  # rows the original itself misses the exact answer in
+    own = per_row(own)
     worst_rounding = own[rounding].max() if rounding.any() else 0.0  # the output's worst rounding against a fill
     bound = FILL_ROUNDING_FACTOR * np.maximum(own, worst_rounding)
     if fill_ulp := _fill_ulp(expected.dtype, fill):
-        rounded = own > ROUNDING_ULPS * _row_ulps(expected.dtype, reference)  # rows rounded against the fill
-        magnitude = _rows(np.nan_to_num(np.abs(reference), nan=0.0, posinf=0.0))
+        rounded = own > ROUNDING_ULPS * row_ulps(expected.dtype, reference)  # rows rounded against the fill
+        magnitude = per_row(np.nan_to_num(np.abs(reference), nan=0.0, posinf=0.0))
         excused = FILL_ROUNDING_FACTOR * fill_ulp * np.maximum(1.0, magnitude)
         bound = np.where(rounded, np.maximum(bound, excused), bound)
-    return bool(np.all(_rows(within) | _rows(ours <= tolerance) | (_rows(ours) <= bound)))
-
-
-def fill_decided(dtype: np.dtype, reference: np.ndarray, absorbed: np.ndarray | None) -> np.ndarray:
-    """The rows of a half-precision output whose value the fill's rounding decides, not the model: those where
-    its two float32 references disagree — ``reference`` with the fills at their half-precision value (−65504
-    is finite in float32 and keeps the scores under it: a fully masked row is their softmax) and ``absorbed``
-    with them at the end of float32's range (the scores vanish under it: the row is uniform, the mean of V).
-    In half precision ``S + finfo.min`` is finfo.min for |S| < 16 — the second answer — unless the kernel adds
-    in float32 (onnxruntime's CPU provider inserts casts around the ops it has no float16 kernel for) — the
-    first. Both are a correct float16 program; a row they disagree on is a row every key of which is masked
-    (or one downstream of it), and there only finiteness is asked, as on the mask-exercising feeds, where the
-    float32 copies judge what the mask means (:mod:`egfuse.judge`). Rows where the references agree are
-    judged as before, so a fault in any ordinary row is still seen."""
-    rows = _rows(np.zeros(reference.shape, dtype=bool))
-    if absorbed is None or absorbed.shape != reference.shape:
-        return rows
-    apart = _rows(_max_diff(reference, absorbed)[1])
-    return apart > HALF_ULPS * _row_ulps(dtype, reference)
+    return bool(np.all(per_row(within) | per_row(ours <= tolerance) | (per_row(ours) <= bound)))
 
 
 def _fill_ulp(dtype: np.dtype, fill: float) -> float:
@@ -257,41 +206,6 @@ def _fill_ulp(dtype: np.dtype, fill: float) -> float:
     with np.errstate(over="ignore"):
         spacing = float(np.spacing(np.abs(dtype.type(fill))))
     return min(spacing, FILL_ULP_CAP) if np.isfinite(spacing) else FILL_ULP_CAP
-
-
-def _as_close_as_original(
-    expected: np.ndarray, actual: np.ndarray, reference: np.ndarray, peers: np.ndarray
-) -> np.ndarray:
-    """Per row (last axis): ``actual`` no further from the wider ``reference`` than twice the
-    original's worst error over the rows of its kind (``peers``), plus ``HALF_ULPS`` ulps of the row's
-    magnitude. Rows are judged apart from the rows the original rounds against a fill: those excuse no error
-    in an ordinary row."""
-    own = _rows(_max_diff(reference, expected)[1])
-    ours = _rows(_max_diff(reference, actual)[1])
-    worst_own = float(own[peers].max()) if peers.any() else 0.0
-    return peers & (ours <= 2.0 * worst_own + HALF_ULPS * _row_ulps(expected.dtype, reference))
-
-
-def _rows(values: np.ndarray) -> np.ndarray:
-    """The per-row maximum (or logical and) of an elementwise array over its last axis; a scalar is one row."""
-    grid = values.reshape(1, 1) if values.ndim == 0 else values.reshape(-1, values.shape[-1])
-    if grid.shape[1] == 0:
-        return np.full(grid.shape[0], values.dtype == np.bool_, dtype=values.dtype)
-    return grid.min(axis=1) if values.dtype == np.bool_ else grid.max(axis=1)
-
-
-def _row_ulps(dtype: np.dtype, reference: np.ndarray) -> np.ndarray:
-    """One ulp of ``dtype`` at each row's magnitude (at least 1)."""
-    magnitude = _rows(np.nan_to_num(np.abs(reference.astype(np.float64)), nan=0.0, posinf=0.0))
-    return float(np.finfo(dtype).eps) * np.maximum(1.0, magnitude)
-
-
-def _max_diff(expected: np.ndarray, actual: np.ndarray) -> tuple[float, np.ndarray]:
-    e, a = expected.astype(np.float64), actual.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        diff = np.where((np.isnan(e) & np.isnan(a)) | (e == a), 0.0, np.abs(e - a))  # the same inf is no diff
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    return (float(diff.max()) if diff.size else 0.0), diff
 
 
 def compare_models(

@@ -5,17 +5,16 @@ softmax → @V → merged heads) as plain ONNX ops, with each spelling choice in
 hypothesis strategy ``variants()`` draws those choices at random, so users can fuzz their own rules the
 way egfuse's property tests do.
 
-:mod:`~egfuse.testing.variant` holds the axes and :class:`Variant`; :mod:`~egfuse.testing.model` writes the
-block from :mod:`~egfuse.testing.blocks` and :mod:`~egfuse.testing.rope`; :mod:`~egfuse.testing.feeds` and
+:mod:`~egfuse.testing.axes` holds the axes, :mod:`~egfuse.testing.variant` :class:`Variant` and
+:mod:`~egfuse.testing.repair` what makes free draws combine; :mod:`~egfuse.testing.model` writes the block part by
+part (:mod:`~egfuse.testing.block_state`, :mod:`~egfuse.testing.probabilities`) from :mod:`~egfuse.testing.blocks`
+and :mod:`~egfuse.testing.rope`; :mod:`~egfuse.testing.feeds` and
 :mod:`~egfuse.testing.functions` give inputs and the dynamo exporter's function-wrapped form;
 :mod:`~egfuse.testing.agree` judges any optimizer's output against the original as egfuse's validation does.
 """
 
 from egfuse.testing.agree import disagreements
-from egfuse.testing.feeds import feeds_for
-from egfuse.testing.functions import default_opset_of, in_functions
-from egfuse.testing.model import attention_model
-from egfuse.testing.variant import (
+from egfuse.testing.axes import (
     AXES,
     CACHE_READS,
     CAUSAL,
@@ -32,10 +31,11 @@ from egfuse.testing.variant import (
     SCALES,
     SOFTCAP,
     SOFTCAPS,
-    Variant,
-    canonical,
-    variants,
 )
+from egfuse.testing.feeds import feeds_for
+from egfuse.testing.functions import default_opset_of, in_functions
+from egfuse.testing.model import attention_model
+from egfuse.testing.variant import Variant, canonical, variants
 
 __all__ = [
     "AXES",

@@ -1,93 +1,58 @@
-"""The axes of attention spellings (one tuple of choices each) and :class:`Variant`, one point of that
-space — with the hypothesis strategy that draws them and the repair that makes free draws combine."""
+"""One point of the spelling space, :class:`Variant`, with the hypothesis strategy that draws them and the
+canonical form that counts each spelling once.
+
+The axes themselves are :mod:`~egfuse.testing.axes` (re-exported here), the repair that makes free draws combine
+:mod:`~egfuse.testing.repair`.
+"""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
 
-SCALES = ("qk_mul", "qk_div", "q_mul", "k_div", "split_sqrt", "runtime", "custom", "none", "per_head")
-"""``per_head``: the scores times a (N, 1, 1) constant, one factor per head (SwinV2's learned logit scale),
-on split heads' scores with no bias inside the product."""
+from egfuse.testing.axes import (
+    AXES,
+    CACHE_READS,
+    CAUSAL,
+    CONCATS,
+    DROPOUTS,
+    DTYPES,
+    HEAD_LAYOUTS,
+    K_LAYOUTS,
+    MASKS,
+    MATMULS,
+    QDQ,
+    QUERY_BIASES,
+    ROPE_TABLES,
+    SCALES,
+    SIZE_AXES,
+    SOFTCAP,
+    SOFTCAPS,
+)
+from egfuse.testing.repair import compatible
 
-
-K_LAYOUTS = ("transpose_0132", "transpose_0231", "dynamo_3d")
-
-
-MASKS = ("none", "additive", "additive_first", "additive_before_scale", "where_neginf", "where_finfo",
-         "where_reversed", "padding_int", "keras_select")  # fmt: skip
-"""``keras_select``: a boolean mask applied as tf2onnx writes Keras' ``where``: ``Cast(m)·S + F·Cast(¬m)``."""
-
-
-CAUSAL = ("none", "trilu", "range_greater", "buffer_where", "buffer_local")
-"""``buffer_where``/``buffer_local``: transformers 4.36–4.42 GPT-2/GPT-Neo eager — ``Where(bias[:, :, T-S:T, :T],
-scores, finfo.min)`` over a sliced boolean buffer (causal, or causal within a sliding window), applied *before*
-the mask is added (the other causal values come after it)."""
-
-
-SOFTCAPS = ("none", "div", "reciprocal")
-
-
-QDQ = ("none", "inputs", "probs")
-"""QuantizeLinear → DequantizeLinear pairs (int8, per tensor): on the Q/K/V projections' outputs (``inputs``:
-outside attention, the fused op reads the dequantized values) or also on the probabilities before ·V
-(``probs``, as ``quantize_static`` writes them on every MatMul input: no fused op rounds its probabilities, so
-that block must stay unfused — a near miss, not drawn by ``variants()``)."""
-
-
-SOFTCAP = 2.0
-"""The cap of soft-capped variants: small enough that capping changes the scores of the drawn inputs."""
-
-
-DTYPES = ("float32", "float16")
-
-
-MATMULS = ("plain", "batched_3d", "tf2onnx_einsum")
-"""How the two attention MatMuls are written: one 4D MatMul; as torch 2.1–2.4's dynamo exporter decomposes it:
-``Expand`` (to the shape it has) → ``Reshape`` to (B·N, ·, ·) → 3D MatMul → ``Reshape`` back to (B, N, ·, ·); or as
-tf2onnx lowers Keras' Einsum: each operand ``Unsqueeze``d to the letters of both, ``Transpose``d to (batch, free,
-contracted), ``Reshape``d to (B·N, ·, ·) by a ``ReduceProd`` of its batch dims, a 3D MatMul, ``Reshape``d back
-with a unit axis and ``Squeeze``d. With fewer K/V heads than query heads, as tf2onnx lowers Keras' grouped
-einsum: K and V not repeated, each group of query heads packed into the rows of one (B·K, G·S, H) batch entry
-(without a KV cache: Keras' caches are no Concat)."""
-
-
-DROPOUTS = ("none", "plain", "ratio", "training_false", "castlike")
-"""An inference Dropout between the softmax and ``·V``: no extra input, a ratio input (and the unused mask
-output), or ratio and ``training_mode`` from ``Constant`` nodes (false), as exporters write eval-mode dropout;
-or none but torch 2.1's ``CastLike``s: the probabilities cast like themselves, and read as the "like" operand
-of a fill's cast (its dtype only)."""
-
-
-ROPE_TABLES = ("inputs", "positions", "buffer")
-"""Where RoPE's cos/sin tables come from: graph inputs (nothing proves their halves equal, so the rotation
-must stay as it is), computed from positions as transformers does (``cos(Concat(θ, θ))``: fusable), or stored
-(max_positions, H) buffers cut to the sequence length read off the input (transformers 4.36's
-``cos_cached[:seq_len]``: a Slice whose end is symbolic; fusable, since rows cut keep equal halves)."""
-
-
-CONCATS = ("plain", "sequence")
-"""How the rotation's ``torch.cat`` is written: ``Concat``, or ``ConcatFromSequence(SequenceConstruct(…))`` as
-torch 2.1's dynamo exporter writes it."""
-
-
-HEAD_LAYOUTS = ("split", "batch_folded", "channel_first", "single")
-"""Where the heads live: split off the hidden axis into (B, N, S, H) (today's exporters); folded into the batch
-as (B·N, S, H) around batched 3D MatMuls (``bmm``: older OPT/BART/Marian/Whisper code, BLOOM); split off the
-channel axis of 1×1-convolution projections on (B, C, S), K arriving as (B, N, H, T) (SqueezeBERT); or no
-heads axis at all, (B, S, H) (single-head attention)."""
-
-
-CACHE_READS = ("joined", "split_score")
-"""How attention reads a KV cache: over ``Concat(past, new)`` (exporters), or in the split-score form NPU
-toolchains write — scores against the cache and against the new keys by two MatMuls, concatenated, one Softmax,
-the probabilities sliced at the cache's length, two MatMuls against the cache's and the new values, added."""
-
-
-QUERY_BIASES = ("none", "rel_pos_uv", "relative", "gated")
-"""Additive terms computed from Q: Conformer's unshifted ``(Q + u)·Kᵀ + (Q + v)·Rᵀ`` (``rel_pos_uv``: u, v per
-head, R the projected relative positions), Transformer-XL/XLNet/Funnel relative attention ``(Q + u)·Kᵀ +
-shift((Q + v)·Rᵀ)`` (``relative``), or WavLM's gate computed from Q scaling a position bias (``gate(Q) · P``)."""
+__all__ = [
+    "AXES",
+    "CACHE_READS",
+    "CAUSAL",
+    "CONCATS",
+    "DROPOUTS",
+    "DTYPES",
+    "HEAD_LAYOUTS",
+    "K_LAYOUTS",
+    "MASKS",
+    "MATMULS",
+    "QDQ",
+    "QUERY_BIASES",
+    "ROPE_TABLES",
+    "SCALES",
+    "SIZE_AXES",
+    "SOFTCAP",
+    "SOFTCAPS",
+    "Variant",
+    "canonical",
+    "variants",
+]
 
 
 @dataclass(frozen=True)
@@ -179,7 +144,7 @@ class Variant:
 
     def replaced(self, **changes) -> Variant:
         """This variant with some choices changed, and what no longer combines with them dropped."""
-        return Variant(**_compatible({**asdict(self), **changes}))
+        return Variant(**compatible({**asdict(self), **changes}))
 
     @property
     def split_score(self) -> bool:
@@ -194,127 +159,6 @@ class Variant:
         return self.kv_heads or self.heads
 
 
-def _compatible(choices: dict) -> dict:
-    """Choices made compatible by dropping what cannot combine (drawn independently, then repaired, so no
-    draw is wasted): cross-attention has no causal mask, self cache or RoPE, and the ops that need (B, N, T, H)
-    keys (repeat_kv, the cache, RoPE) get them from the (0, 1, 3, 2) layout."""
-    c = dict(choices)
-    if c["rope_tables"] == "buffer" and (not c["symbolic"] or c["past"]):
-        # A cut to a fixed length is a constant table, and past a cache the cut starts at the past length:
-        # neither is the transformers 4.36 spelling this value draws (positions cover those tables).
-        c["rope_tables"] = "positions"
-    if c["cross"]:
-        c["causal"], c["past"], c["rope"] = "none", False, False
-    kv = c["kv_heads"] or c["heads"]
-    if c["heads"] % kv:
-        c["kv_heads"] = None
-    if c["k_layout"] == "transpose_0231" and (c["kv_heads"] not in (None, c["heads"]) or c["past"] or c["rope"]):
-        c["k_layout"] = "transpose_0132"
-    if c.get("softcap", "none") != "none":
-        c["position_bias"] = False
-        c["query_bias"] = "none"
-        if c["mask"] == "additive_before_scale":
-            c["mask"] = "additive"
-    layout = c.setdefault("heads_layout", "split")
-    if c.setdefault("baddbmm", False):  # BLOOM's alibi.baddbmm: only on folded heads, alpha the scale, no cap
-        if layout != "batch_folded":
-            c["baddbmm"] = False
-        else:
-            c["scale"], c["softcap"] = "qk_mul", "none"
-    if layout in ("channel_first", "single"):  # no repeat_kv, cache or RoPE in these blocks
-        c["kv_heads"], c["past"], c["rope"] = None, False, False
-    if layout == "single":
-        c["heads"] = 1
-    if layout == "batch_folded" and c["heads"] == 1 and c["past"] and c["guard"]:
-        # Known gap (--target onnx only): one folded head with RoPE before the head transpose (seq-first), a
-        # cache and the NaN guard: the mask's Add over the split scores is not read as scores + mask.
-        c["rope_seq_first"] = False
-    if layout != "split" or c.get("softcap", "none") != "none":  # query biases: split heads, no soft-cap
-        c["query_bias"] = "none"
-    if c.get("einsum") and c.get("query_bias") == "rel_pos_uv":
-        c["query_bias"] = "none"
-    if (layout != "split" or c.get("einsum")) and c["causal"] in ("buffer_where", "buffer_local"):
-        c["causal"] = "trilu"  # the buffer is sliced by Kᵀ's shape: split heads' MatMul scores only
-    if c.get("dtype", "float32") != "float32":
-        c["qdq"] = "none"
-    if c["mask"] == "keras_select" and (
-        layout != "split" or c.get("query_bias", "none") != "none" or c.get("position_bias")
-    ):
-        # Known gaps: the select as arithmetic over rank-3 scores (heads folded or single) is not read — the
-        # products would have to split through each elementwise op; Keras' graphs keep the heads axis — and over
-        # scores plus a bias egfuse cannot prove finite (0·bias is a select's 0 only for a finite bias).
-        c["mask"] = "where_finfo"
-    if c.get("zeroed") and (
-        c["mask"] not in ("where_finfo", "keras_select") or layout != "split" or c["causal"] != "none" or c.get("clamp")
-    ):
-        # zeroed with the boolean mask that hid the keys, on (B, N, S, T) probabilities; a causal term added after
-        # the select makes it no identity (rules/masks.py), Keras combines the two masks before it; OPT's clamp
-        # between the select and the softmax is not read under the zeroing (Keras never clamps)
-        c["zeroed"] = False
-    if c["scale"] == "per_head" and (
-        layout != "split" or c.get("query_bias", "none") != "none" or c["mask"] == "additive_before_scale"
-    ):  # a (N, 1, 1) factor scales split heads' (B, N, S, T) scores, nothing added before it
-        c["scale"] = "qk_div"
-    if layout != "split" or c.get("einsum") or c.get("query_bias", "none") != "none":
-        c["matmul"] = "plain"  # the decomposition is of split heads' 4D MatMuls
-    if c.get("cache_read", "joined") == "split_score" and c["past"]:  # (B, N, T, H) keys, plain MatMuls
-        c["k_layout"], c["heads_layout"], c["einsum"], c["matmul"] = "transpose_0132", "split", False, "plain"
-        c["query_bias"] = "none"
-        c["scale"] = "qk_div" if c["scale"] in ("k_div", "split_sqrt") else c["scale"]
-        c["causal"] = "trilu" if c["causal"] in ("buffer_where", "buffer_local") else c["causal"]
-        c["baddbmm"] = False
-    if c["causal"] in ("buffer_where", "buffer_local") and c["matmul"] != "plain" and c["heads"] == 1:
-        # Known gap (session 8 note): one head, the causal buffer over decomposed (3D) MatMuls, and the
-        # probabilities CastLike'd to themselves or a KV cache: "probabilities @ V not recognised".
-        c["dropout"] = "none" if c.get("dropout") == "castlike" else c.get("dropout", "none")
-        if c.get("past"):
-            c["matmul"] = "plain"
-    return c
-
-
-AXES: dict[str, tuple] = {
-    "scale": SCALES,
-    "k_layout": K_LAYOUTS,
-    "mask": MASKS,
-    "guard": (False, True),
-    "zeroed": (False, True),
-    "commuted": (False, True),
-    "proj_bias": (False, True),
-    "heads": (1, 2, 4),
-    "head_dim": (8, 16, 32, 64, 128),
-    "symbolic": (False, True),
-    "causal": CAUSAL,
-    "kv_heads": (None, 1, 2),
-    "cross": (False, True),
-    "dtype": DTYPES,
-    "past": (False, True),
-    "cache_read": CACHE_READS,
-    "rope": (False, True),
-    "rope_tables": ROPE_TABLES,
-    "rope_partial": (False, True),
-    "rope_interleaved": (False, True),
-    "rope_seq_first": (False, True),
-    "concat": CONCATS,
-    "position_bias": (False, True),
-    "softcap": SOFTCAPS,
-    "heads_layout": HEAD_LAYOUTS,
-    "baddbmm": (False, True),
-    "einsum": (False, True),
-    "clamp": (False, True),
-    "query_bias": QUERY_BIASES,
-    "qdq": QDQ[:2],
-    "matmul": MATMULS,
-    "dropout": DROPOUTS,
-    "text_dims": (False, True),
-}
-"""Every axis the generator draws, with its values (the seed aside): the spelling space is their product, with
-what cannot combine repaired (:func:`_compatible`). ``qdq='probs'`` is a near miss (no fused op rounds its
-probabilities), not a spelling of attention; ``head_dim`` is a size, not a spelling."""
-
-SIZE_AXES = ("head_dim",)
-"""Axes that change sizes, not the spelling."""
-
-
 def canonical(choices: dict) -> Variant | None:
     """The variant these choices spell if they are its one canonical form, else None: nothing the repair would
     change, nothing that cannot combine, and no choice the rest makes meaningless set off its default (the
@@ -323,7 +167,7 @@ def canonical(choices: dict) -> Variant | None:
     spellings."""
     default = _defaults()
     c = {**default, **choices}
-    if _compatible(c) != c:
+    if compatible(c) != c:
         return None
     if not c["rope"] and any(c[k] != default[k] for k in _ROPE_ONLY):
         return None
@@ -357,4 +201,4 @@ def variants():  # pragma: no cover - exercised by the property tests
 
     strategies = {name: axis(name, values) for name, values in AXES.items()}
     choices = st.fixed_dictionaries({**strategies, "seed": st.integers(0, 2**16)})
-    return choices.map(lambda c: Variant(**_compatible(c)))
+    return choices.map(lambda c: Variant(**compatible(c)))
