@@ -1,5 +1,5 @@
 import sys
 
-from egfuse.cli import main
+from egfuse.commands.cli import main
 
 sys.exit(main())

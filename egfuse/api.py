@@ -1,26 +1,28 @@
 """``fuse()``: the pipeline from a user's model to a proven fused one, each stage a module of its own.
 
-load (:mod:`~egfuse.load`) → the target for this run (:mod:`~egfuse.target_choice`) → prepare, search and judge
-to a fixpoint (:mod:`~egfuse.fixpoint`: :mod:`~egfuse.prepare`, :mod:`~egfuse.search`, :mod:`~egfuse.judge`;
-through :mod:`~egfuse.inlined_search` where the model calls local functions) → report, and a
-:class:`~egfuse.result.FuseResult` whose save (:mod:`~egfuse.save`) never writes over the input. A region whose
-fused outputs disagree with the original on onnxruntime is rolled back and the report says by how much it was off.
+load (:mod:`~egfuse.files.load`) → the target for this run (:mod:`~egfuse.target_choice`) → prepare, search and judge
+to a fixpoint (:mod:`~egfuse.fixpoint`: :mod:`~egfuse.preparation.prepare`, :mod:`~egfuse.search`,
+:mod:`~egfuse.validation.judge`; through :mod:`~egfuse.inlined_search` where the model calls local functions) → report,
+and a :class:`~egfuse.result.FuseResult` whose save (:mod:`~egfuse.files.save`) never writes over the input. A region
+whose fused outputs disagree with the original on onnxruntime is rolled back and the report says by how much it was off.
 """
 
 from __future__ import annotations
 
 import time
 
-from egfuse import functions, progress, well_formed
-from egfuse import validate as validate_  # ``validate`` is fuse()'s switch
+from egfuse import progress
 from egfuse.errors import FeedsError
+from egfuse.files import well_formed
+from egfuse.files.load import LoadedModel, ModelLike, load
 from egfuse.fixpoint import fuse_loaded
 from egfuse.inlined_search import fuse_through_functions, unloadable_note
-from egfuse.load import LoadedModel, ModelLike, load
+from egfuse.preparation import functions
 from egfuse.result import FuseResult, sign
 from egfuse.search import Budgets
 from egfuse.target_choice import for_run, get_target
 from egfuse.targets.spec import TargetSpec
+from egfuse.validation import validate as validate_
 
 __all__ = ["Budgets", "FuseResult", "fuse"]
 

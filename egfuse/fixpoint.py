@@ -1,8 +1,8 @@
 """The fixpoint of search and judge, in one place: search (:mod:`egfuse.search`), judge on onnxruntime
-(:mod:`egfuse.judge`), roll back what differs (or give it its next form) and search again, for at most
-:data:`~egfuse.judge.VALIDATION_ROUNDS` rounds; unproven after the last, nothing is applied.
+(:mod:`egfuse.validation.judge`), roll back what differs (or give it its next form) and search again, for at most
+:data:`~egfuse.validation.judge.VALIDATION_ROUNDS` rounds; unproven after the last, nothing is applied.
 
-A large model goes through it as a skeleton, its weights kept apart (:mod:`egfuse.protos`); a model that needs
+A large model goes through it as a skeleton, its weights kept apart (:mod:`egfuse.files.protos`); a model that needs
 the standard ``Attention`` op's opset is raised to it and searched again.
 """
 
@@ -15,15 +15,22 @@ from functools import partial
 
 import onnx
 
-from egfuse import protos
-from egfuse.dims import integer_text_dims
+from egfuse.analysis.dims import integer_text_dims
 from egfuse.errors import EgfuseError
-from egfuse.judge import VALIDATION_ROUNDS, ban_forms, judge, upstream_only
-from egfuse.load import LoadedModel
-from egfuse.prepare import admit_standard_attention, bump_opset, infer_shapes, needs_standard_opset, prepare, same_nodes
+from egfuse.files import protos
+from egfuse.files.load import LoadedModel
+from egfuse.preparation.prepare import (
+    admit_standard_attention,
+    bump_opset,
+    infer_shapes,
+    needs_standard_opset,
+    prepare,
+    same_nodes,
+)
 from egfuse.report import RegionKey, Report, Status
 from egfuse.search import Budgets, fuse_once
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
+from egfuse.validation.judge import VALIDATION_ROUNDS, ban_forms, judge, upstream_only
 
 __all__ = ["fuse_loaded"]
 

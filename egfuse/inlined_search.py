@@ -12,11 +12,13 @@ from dataclasses import replace
 
 import onnx
 
-from egfuse import functions, protos, runner
-from egfuse import validate as validate_
-from egfuse.judge import short
-from egfuse.load import LoadedModel
+from egfuse.files import protos
+from egfuse.files.load import LoadedModel
+from egfuse.preparation import functions
 from egfuse.report import Report, Status
+from egfuse.validation import runner
+from egfuse.validation import validate as validate_
+from egfuse.validation.judge import short
 
 __all__ = ["fuse_through_functions", "kept_weights", "unloadable_note"]
 

@@ -3,8 +3,8 @@
 A 48-layer model has 48 attention regions, 96 norms and as many activations, but only two or three distinct ones
 (the first layer often holds the mask's computation the others read). Loading all of them into the e-graph made
 loading, saturation and extraction grow with depth, though every repeat comes out the same. So each region is
-lowered alone first (:meth:`egfuse.certify.Certifier.lower`, which numbers a region's values in the order it meets
-them): regions of one kind whose commands are equal, and whose values have the same shapes and element types
+lowered alone first (:meth:`egfuse.egraph.certify.Certifier.lower`, which numbers a region's values in the order it
+meets them): regions of one kind whose commands are equal, and whose values have the same shapes and element types
 position by position, are equal up to renaming. Only the first of each such group (its representative) goes into
 the e-graph; a repeat is written from the representative's extracted program with every graph value renamed
 position by position (:class:`Renamed`). Validation still runs the whole written model, as before.
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from egfuse.certify import LoweredRegion
-from egfuse.enodes import value_index
-from egfuse.facts import GraphFacts
-from egfuse.lower_terms import Lowered
-from egfuse.regions import Region
-from egfuse.session import EClass, ENode
+from egfuse.analysis.facts import GraphFacts
+from egfuse.egraph.certify import LoweredRegion
+from egfuse.egraph.enodes import value_index
+from egfuse.egraph.session import EClass, ENode
+from egfuse.kinds.regions import Region
+from egfuse.lowering.lower_terms import Lowered
 
 
 class NotRenamed(Exception):

@@ -40,10 +40,10 @@ class RegionReport:
     of the region written with it, cheapest first: the extraction's choice, explained."""
     assumed_fill: float | None = None
     """A finite select fill (−1e4) the fused op's mask writes as absorbing: equal to the graph while every
-    query row keeps a key scoring well above it, which validation checks (:mod:`egfuse.fill_reach`)."""
+    query row keeps a key scoring well above it, which validation checks (:mod:`egfuse.validation.fill_reach`)."""
     certificate: dict | None = None
     """For a fused region, the rule applications that put its form into its output's class, per saturation
-    iteration (:class:`egfuse.certify.Certificate`): with ``max_abs_diff``, the region's proof."""
+    iteration (:class:`egfuse.egraph.certify.Certificate`): with ``max_abs_diff``, the region's proof."""
     kind: str = "attention"
     """The region kind (:mod:`egfuse.kinds`): with ``index``, the key validation judges it by."""
 

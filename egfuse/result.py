@@ -10,10 +10,10 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from egfuse import protos
-from egfuse.outputs import model_inputs
+from egfuse.files import protos
+from egfuse.files.outputs import model_inputs
+from egfuse.files.save import save_model
 from egfuse.report import Report
-from egfuse.save import save_model
 from egfuse.version import __version__
 
 __all__ = ["FuseResult", "sign"]
@@ -43,7 +43,7 @@ class FuseResult:
 
     def save(self, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
         """Write atomically: a crash leaves the old model (and weights) at ``path`` or the new, never half of
-        one nor a mix (see :mod:`egfuse.save`). Weights go to a file beside it, ``<name>.data`` unless that name
+        one nor a mix (see :mod:`egfuse.files.save`). Weights go to a file beside it, ``<name>.data`` unless that name
         is taken, when the input kept them external (or when asked, or past protobuf's 2 GB). Refuses (an
         :class:`~egfuse.errors.UnsafeOutputError`, nothing written) a path that is an input file or not a
         regular file."""

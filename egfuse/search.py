@@ -1,6 +1,6 @@
 """Search: one pass of the pipeline over a prepared model — facts → rotations → regions → lower → saturate →
-extract → raise. Validation (:mod:`egfuse.judge`) decides what stays; a rolled-back region is excluded and the
-pass runs again (:mod:`egfuse.fixpoint` holds that loop).
+extract → raise. Validation (:mod:`egfuse.validation.judge`) decides what stays; a rolled-back region is excluded and
+the pass runs again (:mod:`egfuse.fixpoint` holds that loop).
 """
 
 from __future__ import annotations
@@ -13,27 +13,29 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
-from egfuse import functions, progress, protos
-from egfuse.certify import Certifier
-from egfuse.cost import CostModel
-from egfuse.enodes import value_index
-from egfuse.extract import extract
-from egfuse.facts import GraphFacts
-from egfuse.kinds import KINDS, finding_order
-from egfuse.load import default_opset
-from egfuse.lower import Lowered, Lowerer
-from egfuse.memory import DEFAULT_BUDGET_BYTES
-from egfuse.prepare import infer_shapes
-from egfuse.region_writer import RegionWriter
-from egfuse.regions import Region
+from egfuse import progress
+from egfuse.analysis.facts import GraphFacts
+from egfuse.egraph.certify import Certifier
+from egfuse.egraph.cost import CostModel
+from egfuse.egraph.enodes import value_index
+from egfuse.egraph.extract import extract
+from egfuse.egraph.session import EClass, ENode, Session
+from egfuse.egraph.shapes import class_shapes
+from egfuse.egraph.wide_classes import float32_classes
+from egfuse.files import protos
+from egfuse.files.load import default_opset
+from egfuse.kinds.regions import Region
+from egfuse.kinds.registry import KINDS, finding_order
+from egfuse.lowering.lower import Lowered, Lowerer
+from egfuse.preparation import functions
+from egfuse.preparation.prepare import infer_shapes
 from egfuse.repeats import NotRenamed, find_repeats
 from egfuse.report import RegionKey, Report
 from egfuse.rules import ruleset_for
-from egfuse.session import EClass, ENode, Session
-from egfuse.shape_reads import rewrite_dead_shape_reads
-from egfuse.shapes import class_shapes
 from egfuse.targets.spec import TargetSpec
-from egfuse.wide_classes import float32_classes
+from egfuse.validation.memory import DEFAULT_BUDGET_BYTES
+from egfuse.writing.region_writer import RegionWriter
+from egfuse.writing.shape_reads import rewrite_dead_shape_reads
 
 
 @dataclass
@@ -45,7 +47,8 @@ class Budgets:
     max_seconds: float = 60.0
     validation_bytes: int | None = DEFAULT_BUDGET_BYTES
     """Running a model on onnxruntime to validate it may hold at most this much (an upper-bound estimate made
-    before it runs, :mod:`egfuse.memory`); over it, nothing is applied and the report says why. None: no limit."""
+    before it runs, :mod:`egfuse.validation.memory`); over it, nothing is applied and the report says why. None: no
+    limit."""
 
 
 def fuse_once(
@@ -82,7 +85,7 @@ def _search(
 ) -> tuple[onnx.ModelProto, Report]:
     """The stages in order: simplify → find regions → lower and saturate → extract → write each region →
     clean up. Each stage is a function below; the state they share once extraction is done is a
-    :class:`~egfuse.region_writer.RegionWriter`."""
+    :class:`~egfuse.writing.region_writer.RegionWriter`."""
     report = Report(source=source, target=target.name, nodes_before=len(prepared.graph.node))
     loaded = weights.to_ir(prepared) if weights is not None else ir.serde.deserialize_model(prepared)
     model, facts = _simplified(loaded, weights)

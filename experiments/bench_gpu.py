@@ -350,7 +350,7 @@ PROFILES = CORPUS / "profiles"
 
 
 def write_probe_profiles() -> None:
-    from egfuse import calibrate
+    from egfuse.commands import calibrate
 
     PROFILES.mkdir(parents=True, exist_ok=True)
     for name, entries in PROBES.items():
@@ -425,9 +425,9 @@ def as_bfloat16(model):
 
 
 def prepare_calibration(log=print) -> list[dict]:
-    """Each case's block written in every form the ``ort`` target can write (``egfuse.calibrate.forms``, priced
+    """Each case's block written in every form the ``ort`` target can write (``egfuse.commands.calibrate.forms``, priced
     by the uncalibrated target so the fit starts from the roofline), with the inputs it runs on."""
-    from egfuse import calibrate
+    from egfuse.commands import calibrate
     from egfuse.targets.ort import UNCALIBRATED
 
     cases = []
@@ -501,11 +501,11 @@ def ratios_of(raw: dict) -> tuple[dict, dict]:
 
 
 def fit_profile(raw: dict, manifest: dict) -> dict | None:
-    """The ``ort`` target's CUDA profile: :func:`egfuse.calibrate.fit` over the float16 blocks timed on the GPU,
-    and for each form also timed in bfloat16 an entry ``form@bfloat16`` (:func:`typed_entries`)."""
+    """The ``ort`` target's CUDA profile: :func:`egfuse.commands.calibrate.fit` over the float16 blocks timed on the
+    GPU, and for each form also timed in bfloat16 an entry ``form@bfloat16`` (:func:`typed_entries`)."""
     import onnx
 
-    from egfuse import calibrate
+    from egfuse.commands import calibrate
     from egfuse.targets.ort import UNCALIBRATED
 
     measured = {c["case"]: c["median_ms"] for c in raw.get("calibration", [])}

@@ -7,8 +7,8 @@ reason, never silently dropped.
 
     python experiments/corpus.py --out experiments/corpus            # the full corpus
     python experiments/corpus.py --out tests/data --set tests         # the small models the tests use
-    python experiments/corpus.py --out tests/data/half --set half     # float16 exports (tests/test_half_exports.py)
-    python experiments/corpus.py --out tests/data/held_out --set held_out   # tests/test_held_out.py
+    python experiments/corpus.py --out tests/data/half --set half     # tests/exports/test_half_exports.py
+    python experiments/corpus.py --out tests/data/held_out --set held_out   # tests/exports/test_held_out.py
     python experiments/corpus.py --out experiments/corpus/half --set half_all  # every architecture in fp16, bf16
 
 Needs the ``corpus`` extra (torch, transformers).
@@ -510,7 +510,7 @@ SETS = {
         "mpt_eager_bf16",
         "llama_past_sdpa_bf16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
-    "held_out": ["mpt_eager"],  # architectures that broke egfuse on a user's model (tests/test_held_out.py)
+    "held_out": ["mpt_eager"],  # architectures that broke egfuse on a user's model (tests/exports/test_held_out.py)
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

@@ -2,7 +2,7 @@
 
 For each case (an attention block at a shape: encoder, prefill, decode over a cache, grouped K/V heads), every
 form the target can write is fused and timed beside the unfused block on this machine's onnxruntime
-(:mod:`egfuse.calibrate`: default session options, interleaved runs, medians), and set against the cost the
+(:mod:`egfuse.commands.calibrate`: default session options, interleaved runs, medians), and set against the cost the
 model predicted for it. Evaluated on shapes the calibration grid did not hold, so the fit is tested, not
 echoed.
 
@@ -35,7 +35,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(ROOT))
 
-from egfuse.calibrate import WIDTH, Case, calibrate, measure  # noqa: E402
+from egfuse.commands.calibrate import WIDTH, Case, calibrate, measure  # noqa: E402
 from egfuse.targets import get_target  # noqa: E402
 from egfuse.targets.ort import PROFILE  # noqa: E402
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 from compare import ORT_MODEL_TYPE, family  # noqa: E402
 from fingerprint import source_fingerprint  # noqa: E402
 
-from egfuse.fanout import fan_out  # noqa: E402
+from egfuse.commands.fanout import fan_out  # noqa: E402
 
 TOOLS = ("egfuse:ort", "egfuse:onnx", "egfuse:npu", "onnxscript", "ort")
 DTYPES = {"_fp16": "float16", "_bf16": "bfloat16"}

@@ -66,12 +66,12 @@ def run(
         tool, _, profile = tool.partition("+")
         parts = tool.split(":")
         start = time.perf_counter()
-        from egfuse.validate import DEFAULTS, Settings
+        from egfuse.validation.validate import DEFAULTS, Settings
 
         providers = ("CUDAExecutionProvider",) if "cuda" in parts else DEFAULTS.providers
         target: object = parts[1]
         if profile:
-            from egfuse.calibrate import apply_profile, load_profile
+            from egfuse.commands.calibrate import apply_profile, load_profile
             from egfuse.targets import for_provider, get_target
 
             chosen = for_provider(get_target(parts[1]), providers)

@@ -6,8 +6,8 @@ The text between each pair of markers (``<!-- results:start -->``/``<!-- results
 and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases; ``variants``: the
 spelling space; ``producers``: coverage on Keras, timm and open_clip exports; ``reproduce``: how long
 reproduce.sh took) is replaced; nothing else is touched. The plots the
-paper shows are copied into paper/figures/. tests/test_paper.py fails when the committed text differs from what
-this would write.
+paper shows are copied into paper/figures/. tests/interface/test_paper.py fails when the committed text differs
+from what this would write.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DOCUMENTS = ("README.md", "paper/egfuse.md", "experiments/README.md")
-"""The files whose marked blocks this writes (and tests/test_paper.py checks)."""
+"""The files whose marked blocks this writes (and tests/interface/test_paper.py checks)."""
 LAYER_FAMILIES = ("norms", "gelu", "rotary")
 """Rule families for norms, activations and rotary embeddings: counted, but not attention's."""
 

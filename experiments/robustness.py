@@ -9,7 +9,7 @@ seeds (:mod:`egfuse.testing.mutate`): byte-level faults in the protobuf of four 
 bytes, cuts, spliced garbage, zeroed spans), graph-level faults (a renamed input, a dropped, duplicated or
 moved node, dims, attributes, data, op types, types and opsets changed) and garbage bytes.
 
-Each runs the CLI in this process (``egfuse.cli.main``) in a fresh folder. Counted:
+Each runs the CLI in this process (``egfuse.commands.cli.main``) in a fresh folder. Counted:
 
 * ``tracebacks``: a run that printed a traceback or let an exception escape;
 * ``internal_errors``: a run that ended in egfuse's catch-all line (a bug of ours, said in one line);
@@ -46,7 +46,7 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from egfuse import cli  # noqa: E402
+from egfuse.commands import cli  # noqa: E402
 from egfuse.testing import Variant, attention_model, feeds_for  # noqa: E402
 from egfuse.testing.mutate import GRAPH_MUTATIONS, mutate_bytes, mutate_graph  # noqa: E402
 

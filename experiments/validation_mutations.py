@@ -6,7 +6,7 @@ GQA, MQA, KV cache, cross-attention, softcap, RoPE, float16) fused and validated
 kind that applies is injected into the *fused* model — a wrong or doubled scale, a dropped, inverted, rolled or
 transposed mask, padding on the other side, K and V swapped, K transposed, wrong head counts, a wrong kv-head
 grouping, RoPE on the wrong half or dropped, a cache reversed, softcap dropped or changed, … — and the mutant
-is judged exactly as ``egfuse.fuse`` judges its own output (:func:`egfuse.judge.judge`: generated feeds,
+is judged exactly as ``egfuse.fuse`` judges its own output (:func:`egfuse.validation.judge.judge`: generated feeds,
 graph outputs and every fused region's output against the original on onnxruntime). A fault is caught when
 validation fails or the mutant does not run.
 
@@ -34,8 +34,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import egfuse  # noqa: E402
-from egfuse.judge import judge  # noqa: E402
 from egfuse.testing import Variant, attention_model  # noqa: E402
+from egfuse.validation.judge import judge  # noqa: E402
 
 RESULTS = HERE / "results"
 FUSED_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
@@ -224,7 +224,7 @@ def mild_fill(m: Mutant) -> bool:
 def fully_masked_rows_to_zero_weight_change(m: Mutant) -> bool:
     """Entries at finfo.min made −inf: a query row masked entirely gives NaN or 0 instead of the mean of V. Such
     rows come from left padding under a causal mask and from the feed set that pads one batch row entirely
-    (``egfuse.inputs.mask_feed_sets``); in half precision that row need only stay finite (its value is the
+    (``egfuse.validation.inputs.mask_feed_sets``); in half precision that row need only stay finite (its value is the
     fill's rounding), so a kernel giving 0 there goes unseen."""
 
     def hardened(mask: str) -> str:
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                   "padded entirely. In half precision the graph's value there is decided by how its fill absorbs the "
                   "scores in floating point, which no kernel is bound to reproduce, so those outputs need only be "
                   "finite: a fault that turns them into 0 (onnxruntime's float16 `Attention` on a −inf row) is not "
-                  "seen (`egfuse.inputs.mask_feed_sets`)."]  # fmt: skip
+                  "seen (`egfuse.validation.inputs.mask_feed_sets`)."]  # fmt: skip
     (RESULTS / "validation_mutations.md").write_text("\n".join(lines) + "\n")
     print(f"{summary['caught']}/{summary['trials']} caught, {summary['kinds']} kinds, {summary['seconds']} s")
     return 0 if summary["caught"] == summary["trials"] else 1

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from fingerprint import package_version, source_fingerprint  # noqa: E402
 
-from egfuse.fanout import Crashed, fan_out  # noqa: E402
+from egfuse.commands.fanout import Crashed, fan_out  # noqa: E402
 from egfuse.testing import AXES, Variant, canonical  # noqa: E402
 
 _SPAWN = multiprocessing.get_context("spawn")

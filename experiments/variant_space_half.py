@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 import variant_space  # noqa: E402
 from fingerprint import source_fingerprint  # noqa: E402
 
-from egfuse.fanout import fan_out  # noqa: E402
+from egfuse.commands.fanout import fan_out  # noqa: E402
 
 
 def run(first: int, tools: tuple[str, ...], out: Path) -> list[dict]:

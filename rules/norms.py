@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from egglog import eq, f64, i64, rewrite, ruleset
 
-from egfuse.lang import Tensor, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor, is_weight, rank_of, scalar_of
 
 
 @ruleset

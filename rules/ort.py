@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
-from egfuse.lang import Tensor, is_weight, rank_of
+from egfuse.egraph.lang import Tensor, is_weight, rank_of
 
 
 @ruleset

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from egglog import eq, f64, i64, rewrite, ruleset
 
-from egfuse.lang import Tensor, dtype_of
+from egfuse.egraph.lang import Tensor, dtype_of
 
 FLOAT32 = 1
 """``TensorProto.FLOAT``."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from egglog import f64, rewrite, ruleset
 
-from egfuse.lang import Tensor
+from egfuse.egraph.lang import Tensor
 
 
 @ruleset

@@ -18,7 +18,7 @@ what the op reads, which is proven here as facts, never assumed:
 
 The tables multiply x after a new unit axis at x's heads axis (1: (B, N, S, H); 2: (B, S, N, H)), and the sums
 and products come in either operand order. Which tables the op then reads, whether their length is x's and
-whether their batch must be expanded is checked where the op is written (:mod:`egfuse.rotary_write`).
+whether their batch must be expanded is checked where the op is written (:mod:`egfuse.writing.rotary_write`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
-from egfuse.lang import Tensor, halves_repeat, last_dim, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor, halves_repeat, last_dim, rank_of, scalar_of
 
 _UNARY: tuple[Callable[[Tensor], Tensor], ...] = (Tensor.cos, Tensor.sin, Tensor.neg)
 """Elementwise functions of one tensor: they keep a table's repeated halves and move inside an interleave."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, dim_of, last_dim, rank_of, scalar_of, swap_last2
+from egfuse.egraph.lang import Tensor, dim_of, last_dim, rank_of, scalar_of, swap_last2
 
 
 @ruleset

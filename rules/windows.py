@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from egglog import String, eq, i64, rewrite, rule, ruleset, union
 
-from egfuse.lang import Tensor, dim_of, head_invariant, rank_of
+from egfuse.egraph.lang import Tensor, dim_of, head_invariant, rank_of
 
 FIVE = i64(5)
 KEEP_LEADING = (("0,1,2,4,3", "0,1,3,2"), ("0,1,3,2,4", "0,2,1,3"))

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 import egfuse
-from egfuse import validate
 from egfuse.targets import TargetSpec, get_target
+from egfuse.validation import validate
 
 DATA = Path(__file__).parent / "data"
 PEER = Path(__file__).resolve().parents[2] / "shared" / "peer-graphs" / "ort"

@@ -1,6 +1,6 @@
-"""Attention: the neighbourhood of each last-axis Softmax (:mod:`egfuse.regions`), written as the fused attention
+"""Attention: the neighbourhood of each last-axis Softmax (:mod:`egfuse.kinds.regions`), written as the fused attention
 op extraction chose for it, with its certificate, or kept as written with the first algebra step it did not reach
-(:mod:`egfuse.diagnose`).
+(:mod:`egfuse.kinds.diagnose`).
 """
 
 from __future__ import annotations
@@ -9,19 +9,21 @@ import time
 
 import onnx_ir as ir
 
-from egfuse import candidates, diagnose, functions
-from egfuse.cost import WithoutForms
-from egfuse.enodes import view
-from egfuse.extract import Choice, extract
-from egfuse.facts import GraphFacts
+from egfuse.analysis.facts import GraphFacts
+from egfuse.egraph import candidates
+from egfuse.egraph.cost import WithoutForms
+from egfuse.egraph.enodes import view
+from egfuse.egraph.extract import Choice, extract
+from egfuse.egraph.session import EClass, ENode
+from egfuse.kinds import diagnose
 from egfuse.kinds.base import RegionKind
-from egfuse.node_builder import replace_output
-from egfuse.raise_ import Emitter
-from egfuse.region_writer import RegionWriter, fused_nodes
-from egfuse.regions import Region, find_regions
+from egfuse.kinds.regions import Region, find_regions
+from egfuse.preparation import functions
 from egfuse.report import WRITTEN_NOTE, RegionReport, Status
-from egfuse.session import EClass, ENode
 from egfuse.targets.spec import FUSED, FusedOp, TargetSpec
+from egfuse.writing.node_builder import replace_output
+from egfuse.writing.raise_ import Emitter
+from egfuse.writing.region_writer import RegionWriter, fused_nodes
 
 
 def find(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node], target: TargetSpec) -> list[Region]:

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from egfuse.facts import GraphFacts
-from egfuse.regions import Region
+from egfuse.analysis.facts import GraphFacts
+from egfuse.kinds.regions import Region
 from egfuse.report import RegionKey, RegionReport, RotaryReport
 from egfuse.targets.spec import TargetSpec
 
 if TYPE_CHECKING:
-    from egfuse.region_writer import RegionWriter
+    from egfuse.writing.region_writer import RegionWriter
 
 __all__ = ["Entry", "RegionKey", "RegionKind"]
 

@@ -15,15 +15,16 @@ original on onnxruntime is put back alone.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
-from egfuse.enodes import view
-from egfuse.facts import GraphFacts
+from egfuse.analysis.facts import GraphFacts
+from egfuse.egraph.enodes import view
 from egfuse.kinds.base import RegionKind
-from egfuse.region_writer import RegionWriter
-from egfuse.regions import Region, _with_outputs, single_consumer
+from egfuse.kinds.regions import Region, _with_outputs, single_consumer
 from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
+from egfuse.writing.region_writer import RegionWriter
 
 NORM_VOCABULARY = frozenset({"ReduceMean", "Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"})
 """The ops a norm is spelled with."""
@@ -217,8 +218,7 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     reached = set().union(*(held(v) for n in region.nodes for v in n.outputs))
     main = held(region.main_output)
     if main & LAYER_OPS:
-        fused = ", ".join(sorted(main & LAYER_OPS))
-        return f"the rules prove {fused}, but target {writer.target.name!r} prices the ops as written lower"
+        return _not_chosen(region, writer, sorted(main & LAYER_OPS))
     anchor = region.anchor
     if anchor.op_type == "Erf":
         if "gelu_cdf" not in reached:
@@ -229,6 +229,20 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     if not reached & {"normalized", "rms_normalized"}:
         return _root_why_not(writer, class_of.get(anchor.inputs[0]))
     return "normalized, but not scaled by a per-feature weight γ (one stored value per feature) and shifted by β"
+
+
+def _not_chosen(region: Region, writer: RegionWriter, proven: list[str]) -> str:
+    """The rules proved a fused form that extraction did not choose: the target writes no op for it, has no
+    kernel for the region's element type, or prices the ops as written lower."""
+    target, dtype = writer.target, region.main_output.dtype
+    kind = np.dtype(dtype.numpy()).name if dtype is not None else None
+    ops = [op for op in (target.op_for(c) for c in proven) if op is not None]
+    if not ops:
+        return f"the rules prove {', '.join(proven)}, but target {target.name!r} writes no op for it"
+    if kind is not None and all(kind not in op.dtypes for op in ops):
+        labels = ", ".join(sorted({op.label for op in ops}))
+        return f"the rules prove {', '.join(proven)}, but target {target.name!r} has no {labels} kernel for {kind}"
+    return f"the rules prove {', '.join(proven)}, but target {target.name!r} prices the ops as written lower"
 
 
 def _root_why_not(writer: RegionWriter, root) -> str:

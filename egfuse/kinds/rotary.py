@@ -6,7 +6,7 @@ from the rotation's one unmistakable node, the ``Concat`` that puts ``Neg`` in f
 products, the sum, a partial rotation's ends and the ops its cos/sin tables are computed with. What it
 computes is decided by the rules (:mod:`egfuse.rules.rotary`: the tables are proven to repeat what the op
 reads), extraction chooses ``RotaryEmbedding`` by cost where the target writes it, and
-:mod:`egfuse.rotary_write` writes it. A region the rules prove nothing of keeps its ops; the report says which
+:mod:`egfuse.writing.rotary_write` writes it. A region the rules prove nothing of keeps its ops; the report says which
 step of the rules it did not reach (:mod:`egfuse.kinds.rotary_why`). A rotation's output is an ordinary value to
 the attention regions, so a rotation that is not fused never blocks attention.
 """
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from egfuse import functions
-from egfuse.facts import GraphFacts
+from egfuse.analysis.facts import GraphFacts
 from egfuse.kinds.base import RegionKind
+from egfuse.kinds.regions import Region, _with_outputs, reads_type_only, single_consumer
 from egfuse.kinds.rotary_why import RotationValues, variant, why_not
-from egfuse.region_writer import RegionWriter
-from egfuse.regions import Region, _with_outputs, reads_type_only, single_consumer
+from egfuse.preparation import functions
 from egfuse.report import RotaryReport, Status
 from egfuse.targets.spec import ROTARY_OPS, TargetSpec
+from egfuse.writing.region_writer import RegionWriter
 
 
 @dataclass(eq=False)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from egfuse.enodes import value_index, view
-from egfuse.region_writer import RegionWriter
-from egfuse.session import EClass, ENode
+from egfuse.egraph.enodes import value_index, view
+from egfuse.egraph.session import EClass, ENode
+from egfuse.writing.region_writer import RegionWriter
 
 __all__ = ["RotationValues", "variant", "why_not"]
 
@@ -120,7 +120,8 @@ def _term_why_not(g: _Classes, name: str, term: ir.Value | None, x: EClass, rota
     if spelling == "interleaved":
         spread = [t for t in tables for n in g.nodes(t, "interleave") if view(n).a == view(n).b]
         if not spread:
-            return f"the {name} table is not repeat_interleave(t, 2) (each entry twice, in pairs)"
+            what = _origin(g, tables[0])
+            return f"the {name} table is not repeat_interleave(t, 2), each entry twice in pairs ({what})"
         tables = [view(n).a for t in spread for n in g.nodes(t, "interleave")]
     unsqueezed = [n for t in tables for n in g.nodes(t, "unsqueeze") if int(view(n).axis) in _HEADS_AXES]
     if not unsqueezed:
@@ -141,13 +142,19 @@ def _halves_stop(g: _Classes, cid: EClass, depth: int = 8) -> str:
             below = view(node).a
             if g.fact("halves_repeat", below) is None:
                 return _halves_stop(g, below, depth - 1)
+    return _origin(g, cid, stored="a stored table whose halves differ")
+
+
+def _origin(g: _Classes, cid: EClass, stored: str = "a stored table") -> str:
+    """What a table's class is, where the rules could carry no fact through it: an input, a stored tensor, or
+    what computes it."""
     leaves = [n for n in g.nodes(cid) if n.op == "value"]
     if leaves:
         value = g.writer.table.values[value_index(leaves[0])]
         if value.is_graph_input():
             return "an input of the graph"
         if value.const_value is not None or g.fact("is_weight", cid):
-            return "a stored table whose halves differ"
+            return stored
         producer = value.producer()
         return f"it comes from {producer.op_type if producer is not None else 'outside the graph'}"
     computed = sorted({n.op for n in g.nodes(cid) if n.op != "ref"})

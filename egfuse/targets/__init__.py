@@ -1,8 +1,8 @@
 """Hardware targets, each one module of data (:class:`~egfuse.targets.spec.TargetSpec`) and one line here.
 
 A target says which fused constructors it can write and how (``FusedOp``), and what running things costs
-(``CostParams``); raising (:mod:`egfuse.writers`) and extraction (:mod:`egfuse.cost`) read it. Adding a target
-touches nothing but a new module and :data:`TARGETS`.
+(``CostParams``); raising (:mod:`egfuse.writing.writers`) and extraction (:mod:`egfuse.egraph.cost`) read it. Adding a
+target touches nothing but a new module and :data:`TARGETS`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ STANDARD = {
 BFLOAT16 = frozenset({"bfloat16"})
 """The standard ops (Attention, RotaryEmbedding and RMSNormalization 23, LayerNormalization 17, Gelu 20) are
 specified for bfloat16 too; onnxruntime's CPU provider has no kernel for them (nor for most ops a bfloat16
-model holds), so such a model is validated on float32 copies (:mod:`egfuse.judge`)."""
+model holds), so such a model is validated on float32 copies (:mod:`egfuse.validation.judge`)."""
 LAYER_OPS = tuple(replace(op, dtypes=op.dtypes | BFLOAT16) for op in (*NORM_OPS, GELU, ROTARY))
 
 SPEC = TargetSpec(

@@ -2,7 +2,7 @@
 
 A target module holds one :class:`TargetSpec` and nothing else; :mod:`egfuse.targets` registers it. Raising
 reads the spec (which writer writes which constructor, which opset each op needs), extraction reads its costs
-(:mod:`egfuse.cost`), and nothing outside a target's module asks for a target by name. A new target is a new
+(:mod:`egfuse.egraph.cost`), and nothing outside a target's module asks for a target by name. A new target is a new
 module and one registry line.
 """
 
@@ -28,7 +28,7 @@ FUSED = ATTENTION | LAYER_OPS | ROTARY_OPS
 """Every constructor a target writes as a fused op."""
 
 WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "norm", "gelu", "rotary"})
-"""How raising can write a fused constructor (:mod:`egfuse.writers`):
+"""How raising can write a fused constructor (:mod:`egfuse.writing.writers`):
 
 * ``standard``    — the standard ``Attention`` op (opset 23), 4D or 3D inputs, grouped K/V heads native
 * ``multi_head``  — ``com.microsoft.MultiHeadAttention`` on the (B, S, N·H) query
@@ -49,7 +49,7 @@ class FusedOp:
     op: str
     """The ONNX op type written (the report's name for it; ``single_head`` writes plain ops)."""
     writer: str
-    """Which writer of :mod:`egfuse.writers` writes it (:data:`WRITERS`)."""
+    """Which writer of :mod:`egfuse.writing.writers` writes it (:data:`WRITERS`)."""
     domain: str = ""
     opset: int = 1
     """The version of ``domain`` the op needs imported."""
@@ -145,7 +145,7 @@ class TargetSpec:
     """Rule families beyond the core (:mod:`egfuse.rules`) that build this target's forms (``ort``: packing)."""
     shape_binding: tuple[tuple[str, int], ...] = ()
     """The sizes to optimize for (``--shape seq=512,past=1024``): symbol (or word in it) → size; unbound symbolic
-    dims take typical sizes (:mod:`egfuse.shapes`)."""
+    dims take typical sizes (:mod:`egfuse.egraph.shapes`)."""
     keep_unfused: bool = False
     """Extraction may keep a region's own ops where they are predicted cheaper than every fused form (npu: a
     block already written as rank-3 single-head attention). Off: any fused form the target can write wins,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from egfuse import validate
-from egfuse.inputs import is_redraw
+from egfuse.validation import validate
+from egfuse.validation.inputs import is_redraw
 
 
 def disagreements(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[str]:

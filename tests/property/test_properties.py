@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from onnx import helper
 
 import egfuse
-from egfuse import validate
 from egfuse.testing import SOFTCAP, Variant, attention_model, disagreements, feeds_for, in_functions, variants
+from egfuse.validation import validate
 
 from ..conftest import fused_op_count, topologically_sorted
 

@@ -13,8 +13,9 @@ import onnx
 import pytest
 
 import egfuse
-from egfuse import cli, protos
+from egfuse.commands import cli
 from egfuse.errors import EgfuseError, FeedsError, InvalidModelError, UnknownTargetError
+from egfuse.files import protos
 from egfuse.testing import Variant, attention_model, feeds_for
 
 MODEL = attention_model(Variant())

@@ -18,10 +18,10 @@ import onnx_ir as ir
 import pytest
 
 import egfuse
-from egfuse import save
-from egfuse.cli import main
+from egfuse.commands.cli import main
 from egfuse.errors import EgfuseError, ExternalDataError, UnsafeOutputError
-from egfuse.outputs import check_outputs
+from egfuse.files import save
+from egfuse.files.outputs import check_outputs
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from ..conftest import assert_same_outputs
@@ -407,7 +407,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from onnx import helper, numpy_helper
-    from egfuse import protos, save
+    from egfuse.files import protos, save
 
     out, mode = Path(sys.argv[1]), sys.argv[2]
     weights = numpy_helper.from_array(np.full(50 << 18, 2.0, np.float32), "w")  # 50 MB

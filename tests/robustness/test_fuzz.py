@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import egfuse
-from egfuse import cli
+from egfuse.commands import cli
 from egfuse.errors import EgfuseError
 from egfuse.testing import Variant, attention_model
 from egfuse.testing.mutate import GRAPH_MUTATIONS, mutate_bytes, mutate_graph

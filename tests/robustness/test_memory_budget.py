@@ -7,9 +7,9 @@ from __future__ import annotations
 import onnx
 
 import egfuse
-from egfuse import memory
 from egfuse.search import Budgets
 from egfuse.testing import Variant, attention_model, feeds_for
+from egfuse.validation import memory
 
 MIB = 1 << 20
 

@@ -1,0 +1,175 @@
+"""Prepare: the model as the search needs it — the opset raised where the target's ops need it, shapes inferred.
+
+A target that writes the standard ``Attention`` (opset 23) gets the model converted by onnx's version converter
+(or, where it refuses and validation will judge, a plain opset bump); ``ort`` converts only once a region chose
+the standard op (:func:`admit_standard_attention`).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from egfuse.analysis.dims import integer_text_dims
+from egfuse.analysis.facts import SAME_SHAPE
+from egfuse.errors import EgfuseError
+from egfuse.files.load import LoadedModel, default_opset
+from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
+
+
+def prepare(loaded: LoadedModel, target: TargetSpec, will_validate: bool) -> tuple[onnx.ModelProto, str | None]:
+    """Raise the opset where the target needs it and infer shapes; returns the model and a note for the report."""
+    proto, note = loaded.proto, None
+    old = default_opset(proto)
+    if target.requires_standard_opset and old < STANDARD_ATTENTION_OPSET:
+        converted, reason = _to_standard_opset(proto)
+        if converted is None and not will_validate:
+            raise EgfuseError(
+                f"cannot convert opset {old} to {STANDARD_ATTENTION_OPSET} for the standard Attention op "
+                f"({reason}); enable validation to try a plain opset bump, or use --target ort",
+                path=loaded.source,
+            )
+        if converted is None:
+            converted = bump_opset(proto, STANDARD_ATTENTION_OPSET)
+            converted.ir_version = max(converted.ir_version, 10)
+            note = (
+                f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}); "
+                "the opset import was raised as is and the result checked on onnxruntime"
+            )
+        proto = converted
+    return infer_shapes(integer_text_dims(proto)), note
+
+
+def needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> bool:
+    """A target that may choose the standard ops (``ort``) chose one in a model below opset 23."""
+    opset = default_opset(prepared)
+    if opset >= STANDARD_ATTENTION_OPSET:
+        return False
+    standard = _STANDARD_OPS | ({"Gelu"} if opset < GELU_OPSET else set())
+    return any(n.op_type in standard and n.domain in ("", "ai.onnx") for n in fused.graph.node)
+
+
+_STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization"})
+"""The default-domain ops egfuse writes that need opset 23."""
+GELU_OPSET = 20
+"""The standard Gelu's: below it, a Gelu the ort target wrote raises the model to opset 23 with the rest."""
+
+
+def admit_standard_attention(
+    loaded: LoadedModel, prepared: onnx.ModelProto, target: TargetSpec
+) -> tuple[onnx.ModelProto | None, TargetSpec, str]:
+    """The model converted to opset 23, for ``ort`` to use the standard op where it runs fastest — or, where
+    onnx's converter cannot convert it, None and a target that does without the standard op (grouped K/V
+    heads are then repeated for MultiHeadAttention). Unlike the ``onnx`` target, ``ort`` has that fallback,
+    so no unconverted opset bump is ever tried here."""
+    old = default_opset(prepared)
+    converted, reason = _to_standard_opset(loaded.proto)
+    if converted is None:
+        note = (
+            f"onnx's version converter could not convert opset {old} → {STANDARD_ATTENTION_OPSET} ({reason}), "
+            "so the standard Attention and RotaryEmbedding ops were not used (grouped K/V heads are repeated for "
+            "MultiHeadAttention, RoPE stays as it was)"
+        )
+        return None, target.below_opset(old), note
+    note = (
+        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard ops onnxruntime "
+        "runs fastest: Attention on (B, N, S, H) inputs and grouped K/V heads, RotaryEmbedding"
+    )
+    return converted, target, note
+
+
+def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
+    """onnx's version converter to opset 23 (IR version 10 at least), or None and why it refused."""
+    try:
+        converted = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
+    except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why
+        text = str(err).strip()
+        return None, text.splitlines()[-1][-160:] if text else type(err).__name__
+    converted.ir_version = max(converted.ir_version, 10)
+    _restore_what_the_converter_drops(proto, converted)
+    return converted, ""
+
+
+def _restore_what_the_converter_drops(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """onnx's version converter drops nodes' ``metadata_props`` (a source map, the exporter's stack) and the
+    model-local functions; neither is the user's to lose. Metadata goes back on the node with the same outputs;
+    each function is converted through a model of its own body (or kept as written where the converter
+    refuses it: a function may import its own opset), with the imports of its domain."""
+    metadata = {tuple(n.output): n.metadata_props for n in original.graph.node if n.metadata_props}
+    for node in converted.graph.node:
+        props = metadata.get(tuple(node.output))
+        if props and not node.metadata_props:
+            node.metadata_props.extend(props)
+    if converted.functions or not original.functions:
+        return
+    for function in original.functions:
+        converted.functions.append(_converted_function(function))
+    imported = {entry.domain for entry in converted.opset_import}
+    converted.opset_import.extend(e for e in original.opset_import if e.domain not in imported)
+
+
+def _converted_function(function: onnx.FunctionProto) -> onnx.FunctionProto:
+    untyped = [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in (*function.input, *function.output)]
+    body = onnx.helper.make_graph(
+        list(function.node), function.name, untyped[: len(function.input)], untyped[len(function.input) :]
+    )
+    try:
+        model = onnx.version_converter.convert_version(
+            onnx.helper.make_model(body, opset_imports=list(function.opset_import)), STANDARD_ATTENTION_OPSET
+        )
+    except Exception:  # kept as written, importing the opset it was written for
+        return function
+    result = onnx.FunctionProto()
+    result.CopyFrom(function)
+    del result.node[:]
+    result.node.extend(model.graph.node)
+    for entry in result.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = STANDARD_ATTENTION_OPSET
+    return result
+
+
+def same_nodes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """The same computation node for node (the converter drops nodes' metadata, which is not computation)."""
+
+    def key(n: onnx.NodeProto) -> tuple:
+        attrs = tuple(x.SerializeToString(deterministic=True) for x in n.attribute)
+        return n.op_type, n.domain, tuple(n.input), tuple(n.output), attrs
+
+    return len(a.graph.node) == len(b.graph.node) and all(
+        key(x) == key(y) for x, y in zip(a.graph.node, b.graph.node, strict=True)
+    )
+
+
+def bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    bumped = onnx.ModelProto()
+    bumped.CopyFrom(proto)
+    for entry in bumped.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = version
+    return bumped
+
+
+def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
+    """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
+    17): their output takes their input's shape, and inference runs again from there."""
+    for _ in range(rounds):
+        try:
+            proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        except Exception:  # shapes are an aid: the rules still run on what is known
+            return proto
+        known = {v.name: v for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+        known.update({t.name: None for t in proto.graph.initializer})
+        added = False
+        for node in proto.graph.node:
+            if node.op_type not in SAME_SHAPE or not node.output or node.output[0] in known:
+                continue
+            source = known.get(node.input[0]) if node.input else None
+            if source is not None and source.type.tensor_type.HasField("shape"):
+                info = onnx.ValueInfoProto()
+                info.CopyFrom(source)
+                info.name = node.output[0]
+                proto.graph.value_info.append(info)
+                added = True
+        if not added:
+            break
+    return proto

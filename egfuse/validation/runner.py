@@ -1,0 +1,177 @@
+"""Running models on onnxruntime for validation: quiet sessions (errors come back as exceptions, never
+printed), large models loaded from a file so their weights are mapped, extra outputs for region values, and the
+feeds the original runs on.
+
+The settings of the ``fuse()`` call under way (tolerances, providers) live here too, so every run reads them
+from one place.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from egfuse.files import protos
+from egfuse.validation import memory
+from egfuse.validation.inputs import long_dims, make_feeds, related_bindings
+
+__all__ = ["DEFAULTS", "Settings", "current", "original_outputs", "run", "session", "using", "with_outputs"]
+
+ATOL = 1e-4
+RTOL = 1e-3
+HALF_TOLERANCE = 1e-2
+"""float16/bfloat16 outputs without a float32 reference: ~10 ulps of float16 (absolute and relative)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How validation runs and judges: the float32 tolerances and onnxruntime's execution providers."""
+
+    atol: float = ATOL
+    rtol: float = RTOL
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+
+DEFAULTS = Settings()
+_SETTINGS: ContextVar[Settings | None] = ContextVar("egfuse_validation_settings", default=None)
+"""The settings of the ``fuse()`` call under way (:func:`using`); :data:`DEFAULTS` otherwise."""
+
+
+def current() -> Settings:
+    return _SETTINGS.get() or DEFAULTS
+
+
+@contextmanager
+def using(settings: Settings | None) -> Iterator[None]:
+    """Validation inside the block runs and judges by ``settings`` (the defaults where None)."""
+    token = _SETTINGS.set(settings)
+    try:
+        yield
+    finally:
+        _SETTINGS.reset(token)
+
+
+def available(providers: tuple[str, ...]) -> list[str]:
+    """The named execution providers this onnxruntime has, in order — the CPU's where it has none of them:
+    validation runs on the user's provider when it is there and never requires it."""
+    have = set(ort.get_available_providers())
+    return [p for p in providers if p in have] or ["CPUExecutionProvider"]
+
+
+def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = None) -> ort.InferenceSession:
+    """A plain CPU session. A model made from a skeleton (``weights``) reads its large tensors from their
+    folder, which onnxruntime maps rather than copies; a large model given whole is written to such a file
+    first."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # errors come back as exceptions, into the report: none printed
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if weights is None and not protos.is_large(model):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=available(current().providers))
+    # Weight-sized temporaries (an LLM's transposed lm_head: 2 GB) are freed as soon as they are read rather
+    # than kept by the arena: measured on onnxscript's phi4 model, 3 GB less at the peak.
+    options.enable_cpu_mem_arena = False
+    # onnxruntime's CPU provider runs a float16 MatMul through Casts it inserts (Cast(W) to float32); in its
+    # default order every weight's Cast may run long before its MatMul, holding float32 copies of many weights
+    # at once (a 3.5 GB float16 decoder peaked at 6.7 GB, 4.0 GB in priority order). Same ops, same numbers.
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if weights is not None:
+        options.add_session_config_entry(_WEIGHTS_FOLDER, str(weights.directory.resolve()))
+        return ort.InferenceSession(model.SerializeToString(), options, providers=available(current().providers))
+    with tempfile.TemporaryDirectory(prefix="egfuse-validate-", ignore_cleanup_errors=True) as workdir:
+        path = protos.save_with_external_data(model, Path(workdir) / "model.onnx")
+        return ort.InferenceSession(str(path), options, providers=available(current().providers))
+
+
+_WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
+"""onnxruntime's option for a model given as bytes: the folder its external data's locations are relative to."""
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also returns the named intermediate values."""
+    extra = onnx.ModelProto()
+    extra.CopyFrom(model)
+    present = {o.name for o in extra.graph.output}
+    for name in names:
+        if name not in present:
+            extra.graph.output.append(onnx.ValueInfoProto(name=name))
+    return extra
+
+
+def run(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    outputs: list[str] | None = None,
+    *,
+    weights: protos.DetachedWeights | None = None,
+) -> dict[str, np.ndarray]:
+    kept = _KEPT.get()
+    key = (id(model), tuple(outputs or ()))
+    if kept is not None and key in kept:
+        sess = kept[key][1]
+    else:
+        probe = with_outputs(model, outputs) if outputs else model
+        sess = session(probe, weights)
+        if kept is not None and weights is None and model.ByteSize() <= KEEP_BYTES:
+            kept[key] = (model, sess)  # the model held too: its id stays its own while the session is kept
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+KEEP_BYTES = 64 << 20
+"""Sessions of models up to this size are kept for the next run of the same model (:func:`kept_sessions`)."""
+_KEPT: ContextVar[dict | None] = ContextVar("egfuse_kept_sessions", default=None)
+
+
+@contextmanager
+def kept_sessions() -> Iterator[None]:
+    """Inside the block, a small model run again (the original and the fused model on each set of feeds: eight
+    runs a validation) reuses its session: building one costs more than running a small model. Weights in
+    files and larger models get a session a run, so at most one holds their weights."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def original_outputs(
+    original: onnx.ModelProto,
+    feeds: dict[str, np.ndarray] | None,
+    names: list[str],
+    *,
+    weights: protos.DetachedWeights | None = None,
+    budget: int | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The feeds validation uses and the original's outputs on them. The user's feeds are used as they are
+    (never another binding: the user said what the model runs on); generated feeds are tried with dims bound
+    independently, then longer ones (:func:`long_dims`: a speech front end), then the related bindings
+    (:func:`related_bindings`: a cache's lengths) — the first the original runs on within the memory ``budget``
+    is kept. Raises the first failure when none runs (:class:`~egfuse.validation.memory.OverBudget` where that was the
+    memory)."""
+    mapped = weights is not None
+
+    def attempt(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        memory.check(original, data, budget, weights_mapped=mapped)
+        return run(original, data, names, weights=weights)
+
+    if feeds is not None:
+        return feeds, attempt(feeds)
+    data = make_feeds(original)
+    try:
+        return data, attempt(data)
+    except Exception as first:
+        for dims in [long_dims(original, 80), *related_bindings(original)]:
+            data = make_feeds(original, dims=dims)
+            try:
+                return data, attempt(data)
+            except Exception:  # the next binding is tried; the first error is the one reported
+                continue
+        raise first

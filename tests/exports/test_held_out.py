@@ -1,0 +1,70 @@
+"""Architectures that broke egfuse on a user's model, kept as exports (``experiments/corpus.py --set held_out``,
+committed under tests/data/held_out/): every block fuses on every target, validated, and the result matches the
+original on the export's own feeds.
+
+- MPT (ALiBi bias; one packed QKV projection split by Slices whose ends are computed from ``Shape``): the dynamo
+  export's symbolic dims hold ``Max(0, 1 - s)``, which binding a dim for the cost model expanded forever
+  (RecursionError, nothing written); on the ``onnx`` target the standard ``Attention`` on those Slices loaded as a
+  (B, S, 0) output in onnxruntime, whose next MatMul refused the model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import egfuse
+from egfuse.analysis.dims import Dim, evaluate
+from egfuse.egraph.shapes import bind
+
+from ..conftest import DATA, assert_same_outputs, fused_op_count
+
+HELD_OUT = DATA / "held_out"
+ENTRIES = [e for e in json.loads((HELD_OUT / "manifest.json").read_text())["models"] if e["file"]]
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx", "npu"])
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e["file"])
+def test_every_block_fuses_and_matches(entry: dict, target: str):
+    path = HELD_OUT / entry["file"]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    result = egfuse.fuse(path, target=target)
+    report = result.report
+    assert report.fused == entry["blocks"], str(report)
+    assert report.validated is True, str(report)
+    if target != "npu":  # the npu target writes one op per head
+        assert fused_op_count(result.model, target) == entry["blocks"], str(report)
+    assert_same_outputs(onnx.load(path), result.model, feeds)
+
+
+def test_a_symbolic_dim_with_a_call_binds_to_its_value():
+    """torch writes ``Max(0, 1 - s)``: a call is one atom of a polynomial, so only evaluation binds it."""
+    assert evaluate("Max(0, -1*s + 1)", {"s": 7}.__getitem__) == 0
+    assert evaluate("Max(0, -1*s + 1)", {"s": 0}.__getitem__) == 1
+    assert evaluate("2*s + past//2", {"s": 3, "past": 9}.__getitem__) == 10
+    assert evaluate("open(s)", {"s": 3}.__getitem__) is None  # no call but the arithmetic ones
+    assert bind(Dim.parse("Max(0, -1*s + 1)"), {"s": 7}) == 1  # a dim is at least 1
+    assert bind(Dim.parse("s + 2"), {"s": 7}) == 9
+
+
+def test_an_original_onnxruntime_cannot_load_is_named_so_not_its_feeds():
+    """Falcon's dynamo exports (torch 2.8, 2.9) hold a Mul no onnxruntime kernel takes: the report says the model
+    does not load — no feeds would help — instead of asking the user to check the feeds' shapes."""
+    from onnx import TensorProto, helper
+
+    from egfuse.testing import Variant, attention_model, feeds_for
+
+    model = attention_model(Variant())
+    feeds = feeds_for(model, seed=0)
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [2])
+    model.graph.input.append(flag)
+    model.graph.node.append(helper.make_node("Mul", ["flag", "flag"], ["flag_squared"]))  # no bool Mul kernel
+    model.graph.output.append(helper.make_tensor_value_info("flag_squared", TensorProto.BOOL, [2]))
+    feeds["flag"] = np.array([True, False])
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 0
+    assert "does not load on this onnxruntime" in result.report.validation_note, result.report.validation_note
+    assert "check their shapes" not in result.report.validation_note

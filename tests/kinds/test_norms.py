@@ -1,0 +1,267 @@
+"""Layer and RMS norms: the rules on hand-written terms, then every spelling as an ONNX graph fused for each
+target and checked against the unfused graph on onnxruntime; near misses (ε outside the root, a mean over
+another axis, a scale of one element) must stay as they were, and a wrongly written norm must be put back."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from egfuse.rules import norms
+from egglog import f64, i64, set_
+from onnx import helper
+
+import egfuse
+from egfuse.egraph.lang import Tensor, is_weight, rank_of, scalar_of
+from egfuse.validation import validate
+from egfuse.validation.validate import make_feeds
+from egfuse.writing import writers
+
+from ..conftest import assert_same_outputs, feature_model, one_target_fast
+from ..rules.test_rules import proves, saturated
+
+x, g, b, two, one, eps = (Tensor.value(i) for i in range(6))
+WEIGHTS = [is_weight(g), is_weight(b), set_(rank_of(g)).to(i64(1)), set_(rank_of(b)).to(i64(1))]
+SCALARS = [set_(scalar_of(two)).to(f64(2.0)), set_(scalar_of(one)).to(f64(1.0)), set_(scalar_of(eps)).to(f64(1e-5))]
+
+
+def _centred() -> Tensor:
+    return Tensor.sub(x, Tensor.reduce_mean(x))
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("division", ["div", "reciprocal", "one_over", "reciprocal_first", "scale_first"])
+def test_every_layer_norm_spelling_is_layer_norm(square, division):
+    c = _centred()
+    sq = Tensor.pow(c, two) if square == "pow" else Tensor.mul(c, c)
+    root = Tensor.sqrt(Tensor.add(Tensor.reduce_mean(sq), eps))
+    normed = {
+        "div": lambda: Tensor.mul(Tensor.div(c, root), g),
+        "reciprocal": lambda: Tensor.mul(Tensor.mul(c, Tensor.reciprocal(root)), g),
+        "one_over": lambda: Tensor.mul(Tensor.mul(c, Tensor.div(one, root)), g),
+        "reciprocal_first": lambda: Tensor.mul(Tensor.mul(Tensor.reciprocal(root), c), g),
+        "scale_first": lambda: Tensor.div(Tensor.mul(c, g), root),
+    }[division]()
+    term = Tensor.add(normed, b)
+    egraph = saturated(norms.rules, term, *WEIGHTS, *SCALARS)
+    assert proves(egraph, term, Tensor.layer_norm(x, g, b, 1e-5))
+
+
+def test_epsilon_outside_the_root_is_not_a_layer_norm():
+    c = _centred()
+    term = Tensor.add(
+        Tensor.mul(Tensor.div(c, Tensor.add(Tensor.sqrt(Tensor.reduce_mean(Tensor.mul(c, c))), eps)), g), b
+    )
+    egraph = saturated(norms.rules, term, *WEIGHTS, *SCALARS)
+    assert not proves(egraph, term, Tensor.layer_norm(x, g, b, 1e-5))
+
+
+def test_a_cube_is_not_the_square():
+    c = _centred()
+    term = Tensor.mul(Tensor.div(c, Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.pow(c, one)), eps))), g)
+    egraph = saturated(norms.rules, term, *WEIGHTS, *SCALARS)
+    assert not proves(egraph, term, Tensor.layer_norm(x, g, Tensor.zero_bias(g), 1e-5))
+
+
+@pytest.mark.parametrize("division", ["div", "reciprocal", "one_over"])
+def test_every_rms_norm_spelling_is_rms_norm(division):
+    root = Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.pow(x, two)), eps))
+    normed = {
+        "div": lambda: Tensor.div(x, root),
+        "reciprocal": lambda: Tensor.mul(x, Tensor.reciprocal(root)),
+        "one_over": lambda: Tensor.mul(x, Tensor.div(one, root)),
+    }[division]()
+    term = Tensor.mul(normed, g)
+    egraph = saturated(norms.rules, term, *WEIGHTS, *SCALARS)
+    assert proves(egraph, term, Tensor.rms_norm(x, g, 1e-5))
+
+
+def test_a_scale_that_is_not_a_weight_is_not_the_norms_scale():
+    term = Tensor.mul(Tensor.div(x, Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.mul(x, x)), eps))), b)
+    egraph = saturated(norms.rules, term, *SCALARS)  # no is_weight(b): a gate computed from the input
+    assert not proves(egraph, term, Tensor.rms_norm(x, b, 1e-5))
+
+
+# --- ONNX graphs, fused and run ---------------------------------------------------------------------------------
+
+WIDTH = 16
+
+
+def norm_model(
+    kind: str, *, square="pow", division="div", scale_width=WIDTH, eps_inside=True, axis=-1
+) -> onnx.ModelProto:
+    """A norm spelled as exporters write it, between two MatMuls (so the region has a producer and a reader)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_out"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(scale_width)).astype(np.float32), "gamma"),
+        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(WIDTH)).astype(np.float32), "beta"),
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        onnx.numpy_helper.from_array(np.array([axis], np.int64), "axes"),
+    ]
+    nodes = [helper.make_node("MatMul", ["input", "w_in"], ["h"])]
+    src = "h"
+    if kind == "layer":
+        nodes += [
+            helper.make_node("ReduceMean", ["h", "axes"], ["mean"]),
+            helper.make_node("Sub", ["h", "mean"], ["c"]),
+        ]
+        src = "c"
+    if square == "pow":
+        nodes.append(helper.make_node("Pow", [src, "two"], ["sq"]))
+    else:
+        nodes.append(helper.make_node("Mul", [src, src], ["sq"]))
+    nodes.append(helper.make_node("ReduceMean", ["sq", "axes"], ["var"]))
+    if eps_inside:
+        nodes += [helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["root"])]
+    else:
+        nodes += [helper.make_node("Sqrt", ["var"], ["root0"]), helper.make_node("Add", ["root0", "eps"], ["root"])]
+    if division == "div":
+        nodes.append(helper.make_node("Div", [src, "root"], ["n"]))
+    elif division == "reciprocal":
+        nodes += [helper.make_node("Reciprocal", ["root"], ["r"]), helper.make_node("Mul", [src, "r"], ["n"])]
+    else:
+        nodes += [helper.make_node("Div", ["one", "root"], ["r"]), helper.make_node("Mul", ["r", src], ["n"])]
+    nodes.append(helper.make_node("Mul", ["gamma", "n"], ["scaled"]))
+    last = "scaled"
+    if kind == "layer":
+        nodes.append(helper.make_node("Add", ["scaled", "beta"], ["shifted"]))
+        last = "shifted"
+    nodes.append(helper.make_node("MatMul", [last, "w_out"], ["output"]))
+    return feature_model(nodes, inits, "norm", WIDTH)
+
+
+def _fused_ops(model: onnx.ModelProto) -> set[str]:
+    return {n.op_type for n in model.graph.node}
+
+
+_SPELLINGS = [
+    ("layer", "pow", "div"), ("layer", "mul", "reciprocal"), ("layer", "pow", "one_over"),
+    ("rms", "pow", "reciprocal"), ("rms", "mul", "div"), ("rms", "pow", "one_over"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("target", "kind", "square", "division"),
+    one_target_fast(_SPELLINGS, ["-".join(s) for s in _SPELLINGS], ("ort", "onnx", "npu")),
+)
+def test_norm_spellings_fuse_and_match(kind, square, division, target):
+    """Each spelling on one target in the fast suite (the targets taking turns), on the others with ``-m slow``."""
+    model = norm_model(kind, square=square, division=division)
+    result = egfuse.fuse(model, target=target)
+    op = "LayerNormalization" if kind == "layer" else "RMSNormalization"
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated
+    assert op in _fused_ops(result.model) and not {"ReduceMean", "Sqrt"} & _fused_ops(result.model)
+    assert result.report.fused_ops() == {op: 1}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize(("near_miss", "why"), [
+    ({"eps_inside": False}, "no constant ε added to a mean"),  # √var + ε: another function
+    ({"axis": 1}, "the mean under the root is not over the last axis"),  # a mean over the sequence
+    ({"scale_width": 1}, "not one value per feature"),  # γ of one element broadcast: not one the ops take
+])  # fmt: skip
+def test_near_misses_stay_as_written(near_miss, why):
+    """Each near miss is kept, and the report names the step of the rules it did not reach (read off the
+    e-graph) or why the op cannot take it."""
+    model = norm_model("layer", **near_miss)
+    result = egfuse.fuse(model, target="ort")
+    assert not any(n.status == "fused" for n in result.report.layer_ops)
+    assert all(why in n.reason for n in result.report.layer_ops), [n.reason for n in result.report.layer_ops]
+    assert "LayerNormalization" not in _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def test_a_norm_written_wrong_is_put_back(monkeypatch):
+    """Validation judges norm regions like attention ones: a writer that drops ε by a factor is caught and the
+    region keeps its own nodes, with the reason."""
+    original = writers.WRITERS["norm"]
+
+    def wrong(node, e, op):
+        out = original(node, e, op)
+        written = e.new_nodes[-1]
+        written.attributes["epsilon"] = onnx_ir_float("epsilon", 10.0)
+        return out
+
+    monkeypatch.setitem(writers.WRITERS, "norm", wrong)
+    model = norm_model("rms")
+    result = egfuse.fuse(model, target="ort")
+    assert [n.status for n in result.report.layer_ops] == ["rolled back"]
+    assert "RMSNormalization" not in _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def onnx_ir_float(name: str, value: float):
+    import onnx_ir as ir
+
+    return ir.AttrFloat32(name, value)
+
+
+def residual_norm_model(*, sum_read_again: bool = True) -> onnx.ModelProto:
+    """``LayerNormalization(a + b)`` where a and b are computed (a residual), the sum read again by the next
+    residual as a post-norm block's is not but a pre-norm block's is."""
+    rng = np.random.default_rng(1)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(WIDTH)).astype(np.float32), "gamma"),
+        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(WIDTH)).astype(np.float32), "beta"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["input", "w_in"], ["h"]),
+        helper.make_node("Add", ["h", "input"], ["summed"]),
+        helper.make_node("LayerNormalization", ["summed", "gamma", "beta"], ["normed"], axis=-1, epsilon=1e-6),
+    ]
+    if sum_read_again:
+        nodes.append(helper.make_node("Add", ["normed", "summed"], ["output"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["normed"], ["output"]))
+    return feature_model(nodes, inits, "residual_norm", WIDTH)
+
+
+CUDA = validate.Settings(providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+"""The ort target priced for CUDA (validated on the CPU here): the skip norms are its forms there; priced for the
+CPU it leaves the sum and the standard norm, faster in whole models (targets/ort.CPU_WHOLE_MODEL_LOSERS)."""
+
+
+@pytest.mark.parametrize("sum_read_again", [True, False])
+def test_a_norm_of_a_residual_sum_is_skip_layer_norm_for_ort(sum_read_again):
+    model = residual_norm_model(sum_read_again=sum_read_again)
+    result = egfuse.fuse(model, target="ort", validation=CUDA)
+    assert result.report.fused_ops() == {"com.microsoft.SkipLayerNormalization": 1} and result.report.validated
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "LayerNormalization" not in ops and ops.count("Add") == int(sum_read_again)  # the sum from the kernel
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def test_targets_without_a_residual_norm_leave_the_op_alone():
+    model = residual_norm_model()
+    for target in ("onnx", "npu", "ort"):  # ort priced for the CPU: the standard norm is faster there
+        result = egfuse.fuse(model, target=target)
+        assert not result.report.layer_ops and not result.report.changed
+
+
+def test_chained_residual_norms_leave_no_layer_norm_behind():
+    """Post-norm blocks: the second residual reads the first norm's output, which SkipLayerNormalization now
+    returns; the first norm op must not stay alive to feed it (it did: a norm computed twice a layer)."""
+    rng = np.random.default_rng(2)
+    inits, nodes, h = [], [], "input"
+    for i in range(2):
+        inits += [
+            onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), f"w{i}"),
+            onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(WIDTH)).astype(np.float32), f"g{i}"),
+            onnx.numpy_helper.from_array((0.1 * rng.standard_normal(WIDTH)).astype(np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [h, f"w{i}"], [f"f{i}"]),
+            helper.make_node("Add", [h, f"f{i}"], [f"s{i}"]),
+            helper.make_node("LayerNormalization", [f"s{i}", f"g{i}", f"b{i}"], [f"h{i}"], epsilon=1e-5),
+        ]
+        h = f"h{i}"
+    model = feature_model(nodes, inits, "post_norm", WIDTH, output=h)
+    result = egfuse.fuse(model, target="ort", validation=CUDA)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("SkipLayerNormalization") == 2 and "LayerNormalization" not in ops and "Add" not in ops
+    assert_same_outputs(model, result.model, make_feeds(model))

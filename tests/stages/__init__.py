@@ -1,0 +1,1 @@
+"""The search's stages and the analyses they read: facts, lowering, repeats, certificates, targets and providers."""
