@@ -272,9 +272,9 @@ def source_hash() -> str:
         from egfuse import rules
 
         digest = hashlib.sha256(f"{_FORMAT} egglog {metadata.version('egglog')}".encode())
-        for folder in (Path(egfuse.__file__).parent, Path(rules.__file__).parent):
-            for path in sorted(folder.glob("*.py")):
-                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        for folder in (Path(egfuse.__file__).parent, Path(rules.__file__).parent):  # the rules may live apart
+            for path in sorted(folder.rglob("*.py")):  # every subpackage: the language may move into one
+                digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
         _SOURCE_HASH.append(digest.hexdigest()[:32])
     return _SOURCE_HASH[0]
 
