@@ -3,13 +3,14 @@
 Why: egglog-python builds a ruleset's commands in Python — every rule's body run, its declarations gathered
 through runtime protocol checks (``typing._get_protocol_attrs``), each term converted — before egglog compiles
 them: 0.43 s of every process's first search whatever the model's size (of a 2-layer BERT's 0.75 s). egglog
-records the commands it ran as text (``EGraph(record=True).commands()``), and replaying that text costs only
-egglog's own parsing and compiling (0.12 s for the ~540 rules). So the commands are made once through
-egglog-python, as before, and then replayed from their text: in this process from memory, in the next from a
-file in the user's cache folder (``$EGFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/egfuse``, else
-``~/.cache/egfuse``; ``EGFUSE_CACHE_DIR=""``: no file, the text is made once a process). The file's name holds
-a hash of egglog's version and of every source of egfuse and its rules, and the rule families: any edit to a
-rule, the language or egglog makes a new file, never a stale program. What the Python side needs besides the
+prints every command it runs, and replaying that text costs only egglog's own parsing and compiling (0.12 s for
+the ~540 rules). So the first e-graph is loaded through egglog-python, as before (and used as it is: a process
+that finds no text pays what it always paid, not that and a replay), its commands' text kept; every later one
+replays that text: in this process from memory, in the next from a file in the user's cache folder
+(``$EGFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/egfuse``, else ``~/.cache/egfuse``; ``EGFUSE_CACHE_DIR=""``: no
+file, the text is made once a process). The file's name holds a hash of egglog's version and of every source of
+egfuse and its rules, and the rule families: any edit to a rule, the language or egglog makes a new file, never
+a stale program. What the Python side needs besides the
 commands comes with them: the egglog names of the language's functions, the Tensor sort, the command that runs
 the ruleset once, what an e-graph's size counts, and the stable name (``masks.12``) of each rule by the name
 egglog gives it when replayed.
@@ -142,42 +143,80 @@ def _typed_functions() -> dict[str, object]:
     return functions
 
 
-def _declarations(text: str) -> list[str]:
-    return [c for c in split_commands(text) if not c.startswith(_NOT_DECLARATIONS)]
+def _declarations(texts: list[str]) -> list[str]:
+    return [c for c in texts if not c.startswith(_NOT_DECLARATIONS)]
 
 
-def _make(ruleset: egglog.Ruleset | None) -> tuple[Base, Rules | None]:
-    """The base (and the ruleset's commands after it) made through egglog-python, as egfuse always made them,
-    in a recording e-graph whose text is then read back."""
-    egraph = egglog.EGraph(save_egglog_string=True)
+class _Recorder:
+    """Stands in for egglog's e-graph while egglog-python loads it: every command run is kept as egglog prints
+    it (what ``EGraph(record=True).commands()`` would hold, without recording all the e-graph's later terms)."""
+
+    def __init__(self, real: bindings.EGraph) -> None:
+        self.real, self.texts = real, []
+
+    def run_program(self, *commands, **kwargs):
+        self.texts.extend(str(c) for c in commands)
+        return self.real.run_program(*commands, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+@dataclass
+class Made:
+    """An e-graph loaded through egglog-python with the language (and a ruleset) and nothing else — as egfuse
+    always loaded one — and the program text of what was loaded."""
+
+    egraph: egglog.EGraph
+    base: Base
+    rules: Rules | None
+    rule_names: dict[str, str]
+    """This e-graph's rule names (egglog-python's: "38", "38=>") → stable names."""
+    faithful: bool
+    """The text reads back as the same commands (parsed and printed again): only then is it replayed."""
+
+
+def make(ruleset: egglog.Ruleset | None = None) -> Made:
+    """Load an e-graph through egglog-python, keeping the text of its commands; a faithful text is remembered
+    (and written to the cache file) for every later e-graph to replay."""
+    egraph = egglog.EGraph()
     raw = egraph._egraph
-    names = egg_names(egraph, _typed_functions())
-    egraph._add_decls(flat_declarations(lang.Tensor))
-    sort = egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
-    raw.run_program(*raw.parse_program(f"(constructor {REF} (i64) {sort})"))
-    names["ref"] = REF
-    run_commands(
-        raw,
-        [f'(set ({names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
-        + [f'(set ({names["swap_last2"]} "{a}") "{b}")' for a, b in lang.swap_table()],
-    )
-    base_commands = _declarations(raw.commands() or "")
-    base = Base(tuple(base_commands), names, sort, _sized(egraph))
-    if ruleset is None:
-        return base, None
-    from egfuse.rules import rule_names  # the rules import the language, as this module does: no cycle
+    recorder = _Recorder(raw)
+    egraph._state.egraph = recorder  # type: ignore[assignment]
+    try:
+        names = egg_names(egraph, _typed_functions())
+        egraph._add_decls(flat_declarations(lang.Tensor))
+        sort = egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
+        raw.run_program(*raw.parse_program(f"(constructor {REF} (i64) {sort})"))
+        names["ref"] = REF
+        table = [f'(set ({names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
+        table += [f'(set ({names["swap_last2"]} "{a}") "{b}")' for a, b in lang.swap_table()]
+        run_commands(raw, table)
+        base_size = len(recorder.texts)
+        base_sized = _sized(egraph)
+        run = None
+        if ruleset is not None:
+            egraph._add_decls(flat_declarations(ruleset))
+            run = egraph._state.run_schedule_to_egg(egglog.run(ruleset).schedule)  # registers the rules
+    finally:
+        egraph._state.egraph = raw
+    language, rest = _declarations(recorder.texts[:base_size]), _declarations(recorder.texts[base_size:])
+    base = Base((*language, f"(constructor {REF} (i64) {sort})", *table), names, sort, base_sized)
+    rules, own_names = None, {}
+    if ruleset is not None:
+        from egfuse.rules import rule_names  # the rules import the language, as this module does: no cycle
 
-    egraph._add_decls(flat_declarations(ruleset))
-    run = egraph._state.run_schedule_to_egg(egglog.run(ruleset).schedule)  # registers the rules
-    everything = _declarations(raw.commands() or "")
-    if everything[: len(base_commands)] != base_commands:
-        raise RuntimeError("egglog's recording did not keep the base's commands first")
-    commands = tuple(everything[len(base_commands) :])
-    decls = egraph._state.rule_name_to_command_decl
-    stable = rule_names()
-    replayed = _replayed_names(commands, list(decls))
-    named = {text: stable[decls[egg]] for text, egg in replayed.items() if decls[egg] in stable}
-    return base, Rules(commands, str(run), named, _sized(egraph))
+        decls = egraph._state.rule_name_to_command_decl
+        stable = rule_names()
+        commands = tuple(rest)
+        replayed = _replayed_names(commands, list(decls))
+        named = {text: stable[decls[egg]] for text, egg in replayed.items() if decls[egg] in stable}
+        rules = Rules(commands, str(run), named, _sized(egraph))
+        own_names = {egg: stable[decl] for egg, decl in decls.items() if decl in stable}
+    made = Made(egraph, base, rules, own_names, _reads_back(base, rules))
+    if made.faithful:
+        _remember(ruleset, base, rules)
+    return made
 
 
 def _replayed_names(commands: tuple[str, ...], made: list[str]) -> dict[str, str]:
@@ -209,16 +248,18 @@ def _sized(egraph: egglog.EGraph) -> frozenset[str]:
 
 
 def _reads_back(base: Base, rules: Rules | None) -> bool:
-    """The text parses, runs, and prints again as it was: what is replayed is what egglog-python made."""
-    raw = bindings.EGraph(record=True)
-    commands = [*base.commands, *(rules.commands if rules else ())]
+    """Every command parses back to itself (printed again, the same text): what is replayed is what
+    egglog-python made. (Parsing alone: egglog types a command when it runs it, and a replay that did not
+    type-check would fail loudly, not differ.)"""
+    parser = bindings.EGraph()
     try:
-        run_commands(raw, commands)
-        if rules is not None:
-            raw.parse_program(rules.run)
-    except Exception:  # egglog's printing did not read back: this program is made anew each time
+        for text in [*base.commands, *(rules.commands if rules else ()), *((rules.run,) if rules else ())]:
+            (command,) = parser.parse_program(text)
+            if str(command) != text:
+                return False
+    except Exception:  # egglog's printing did not read back: this program is not replayed
         return False
-    return _declarations(raw.commands() or "") == commands
+    return True
 
 
 # --- the cache ------------------------------------------------------------------------------------------------
@@ -226,29 +267,56 @@ _MEMORY: dict[object, tuple[Base, Rules | None]] = {}
 _KEEP: list[object] = []  # rulesets keyed by identity stay alive, so their ids stay theirs
 
 
-def program(ruleset: egglog.Ruleset | None = None) -> tuple[Base, Rules | None]:
-    """The base and ``ruleset``'s commands: from memory, from the cache file, or made (and kept in both). A
-    ruleset from :func:`egfuse.rules.ruleset_for` is kept on disk by its families; any other ruleset (a test's
-    own combination) is made once per process."""
+def _key(ruleset: egglog.Ruleset | None) -> tuple[object, tuple[str, ...] | None, bool]:
+    """The memory key, the families (None: the base, or a ruleset of no known families) and whether a file
+    may hold it."""
     from egfuse.rules import families_of
 
-    families = None if ruleset is None else families_of(ruleset)
-    key: object = ("families", families) if ruleset is None or families is not None else ("id", id(ruleset))
+    if ruleset is None:
+        return ("families", None), None, True
+    families = families_of(ruleset)
+    if families is None:
+        return ("id", id(ruleset)), None, False
+    return ("families", families), families, True
+
+
+def known(ruleset: egglog.Ruleset | None = None) -> tuple[Base, Rules | None] | None:
+    """The base and ``ruleset``'s commands as replayable text, from memory or the cache file; None where they
+    were never made (here, or by any process since the sources last changed). A ruleset
+    :func:`egfuse.rules.ruleset_for` made is kept on disk by its families; any other (a test's own
+    combination) in memory only."""
+    key, families, on_disk = _key(ruleset)
     found = _MEMORY.get(key)
-    if found is not None:
-        return found
-    path = _cache_path(families) if ruleset is None or families is not None else None
-    found = _read(path, ruleset is not None) if path is not None else None
+    if found is None and on_disk:
+        path = _cache_path(families, ruleset is None)
+        found = _read(path, ruleset is not None) if path is not None else None
+        if found is not None:
+            _MEMORY[key] = found
+    return found
+
+
+def program(ruleset: egglog.Ruleset | None = None) -> tuple[Base, Rules | None]:
+    """The base and ``ruleset``'s commands as text: :func:`known`, or :func:`make` (the e-graph it loaded
+    dropped)."""
+    found = known(ruleset)
     if found is None:
-        found = _make(ruleset)
-        if not _reads_back(*found):  # never seen (egglog 13.2 prints what it reads): replaying it would be wrong
+        made = make(ruleset)
+        if not made.faithful:  # never seen (egglog 13.2 prints what it reads)
             raise RuntimeError("egglog's printing of the rules does not read back as the same commands")
-        if path is not None:
-            _write(path, *found)
+        found = made.base, made.rules
+    return found
+
+
+def _remember(ruleset: egglog.Ruleset | None, base: Base, rules: Rules | None) -> None:
+    key, families, on_disk = _key(ruleset)
     if key[0] == "id":
         _KEEP.append(ruleset)
-    _MEMORY[key] = found
-    return found
+    _MEMORY[key] = (base, rules)
+    if ruleset is not None:
+        _MEMORY.setdefault(("families", None), (base, None))
+    path = _cache_path(families, ruleset is None) if on_disk else None
+    if path is not None:
+        _write(path, base, rules)
 
 
 def cache_folder() -> Path | None:
@@ -279,11 +347,11 @@ def source_hash() -> str:
     return _SOURCE_HASH[0]
 
 
-def _cache_path(families: tuple[str, ...] | None) -> Path | None:
+def _cache_path(families: tuple[str, ...] | None, base: bool) -> Path | None:
     folder = cache_folder()
     if folder is None:
         return None
-    what = "base" if families is None else "rules-" + "-".join(("core", *families))
+    what = "base" if base else "rules-" + "-".join(("core", *(families or ())))
     return folder / f"egg-program-{source_hash()}-{what}.json"
 
 

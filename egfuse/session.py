@@ -56,17 +56,25 @@ class Session:
     """An e-graph over the language in :mod:`egfuse.lang`, with the perm tables already loaded."""
 
     def __init__(self) -> None:
-        self.egraph = egglog.EGraph()
-        self._raw: bindings.EGraph = self.egraph._egraph
-        base, _ = egg_program.program()
-        egg_program.run_commands(self._raw, base.commands)
+        found = egg_program.known()
+        if found is None:  # the first e-graph since the sources changed: loaded through egglog-python
+            made = egg_program.make()
+            self._use(made.egraph, made.base)
+        else:
+            self._use(egglog.EGraph(), found[0])
+            egg_program.run_commands(self._raw, found[0].commands)
+        self._ruleset: egglog.Ruleset | None = None
+        self._rule_names_of: dict[str, str] = {}
+        self._run_command: bindings._Command | None = None
+        self._added = False
+
+    def _use(self, egraph: egglog.EGraph, base: egg_program.Base) -> None:
+        self.egraph = egraph
+        self._raw: bindings.EGraph = egraph._egraph
         self._sort = base.sort
         self._sized = base.sized
         self.names: dict[str, str] = dict(base.names)
         self._python_name = {egg: py for py, egg in self.names.items()}
-        self._ruleset: egglog.Ruleset | None = None
-        self._rules: egg_program.Rules | None = None
-        self._run_command: bindings._Command | None = None
         (self._print_size,) = self._raw.parse_program("(print-size)")
 
     def _sort_name(self) -> str:
@@ -74,6 +82,7 @@ class Session:
 
     # --- loading ---------------------------------------------------------------------------------------------
     def add(self, commands: list[str]) -> None:
+        self._added = True
         egg_program.run_commands(self._raw, commands)
 
     def size(self) -> int:
@@ -92,15 +101,32 @@ class Session:
     # --- saturation ------------------------------------------------------------------------------------------
     def register(self, ruleset: egglog.Ruleset) -> None:
         """Loads the rules now rather than on the first run: a session pushed before its terms and popped after
-        keeps them for the next use. One ruleset a session."""
+        keeps them for the next use. One ruleset a session. Replayed from their text where it is known;
+        otherwise loaded through egglog-python (into a fresh e-graph, which this session takes where nothing was
+        added to its own yet), as every later session's text."""
         if self._ruleset is ruleset:
             return
         if self._ruleset is not None:
             raise ValueError("a session runs one ruleset; this one already has another")
-        _, rules = egg_program.program(ruleset)
-        assert rules is not None
-        egg_program.run_commands(self._raw, rules.commands)
-        self._ruleset, self._rules = ruleset, rules
+        found = egg_program.known(ruleset)
+        if found is not None:
+            rules = found[1]
+            assert rules is not None
+            egg_program.run_commands(self._raw, rules.commands)
+            self._rule_names_of = rules.rule_names
+        else:
+            made = egg_program.make(ruleset)
+            rules = made.rules
+            assert rules is not None
+            if not self._added and not self.egraph._state_stack:  # nothing of this session's own yet
+                self._use(made.egraph, made.base)
+                self._rule_names_of = made.rule_names
+            elif made.faithful:
+                egg_program.run_commands(self._raw, rules.commands)
+                self._rule_names_of = rules.rule_names
+            else:  # never seen (egglog 13.2 prints what it reads)
+                raise RuntimeError("egglog's printing of the rules does not read back as the same commands")
+        self._ruleset = ruleset
         self._sized = rules.sized
         (self._run_command,) = self._raw.parse_program(rules.run)
 
@@ -136,9 +162,10 @@ class Session:
         return stats
 
     def _rule_names(self):
-        """egglog's name of a rule (replayed from text: its ``:name``, a rewrite's own text) → the rule's stable
-        name (its family and place in the family)."""
-        stable = self._rules.rule_names if self._rules is not None else {}
+        """egglog's name of a rule (egglog-python's counter where this session's rules were loaded through it;
+        replayed from text, a rule's ``:name`` or a rewrite's own text) → the rule's stable name (its family
+        and place in the family)."""
+        stable = self._rule_names_of
 
         def named(egg_name: str) -> str:
             return stable.get(egg_name, f"unnamed.{egg_name}")

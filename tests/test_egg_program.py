@@ -32,9 +32,11 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("families", [(), tuple(FAMILIES)])
-def test_the_text_reads_back_as_made_and_names_every_rule(families):
-    base, rules = egg_program._make(ruleset_for(families))
-    assert egg_program._reads_back(base, rules)
+def test_the_text_reads_back_as_made_and_names_every_rule(cache, families):
+    made = egg_program.make(ruleset_for(families))
+    assert made.faithful and egg_program.known(ruleset_for(families)) == (made.base, made.rules)
+    rules = made.rules
+    assert set(made.rule_names.values()) == set(rules.rule_names.values())
     expected = {n for n in rule_names().values() if n.rsplit(".", 1)[0] not in FAMILIES or n.startswith(families)}
     assert set(rules.rule_names.values()) == expected
 
@@ -58,20 +60,26 @@ def _old_session(ruleset: egglog.Ruleset) -> tuple[egglog.EGraph, dict[str, str]
     return egraph, names, command
 
 
+@pytest.mark.parametrize("replayed", [True, False], ids=["replayed", "made"])
 @pytest.mark.parametrize(
     "variant",
     [Variant(heads=2, k_layout="transpose_0132", scale="q_mul", causal="trilu"), Variant(heads=2, scale="split_sqrt")],
 )
-def test_a_saturation_matches_as_through_egglog_python(cache, variant):
+def test_a_saturation_matches_as_through_egglog_python(cache, variant, replayed):
     """Iteration by iteration, the same rules match as often (by their stable names), and the e-graph ends
-    the same size: the names egglog gives replayed rewrites (their text) are mapped as egglog-python's were."""
+    the same size: the names egglog gives replayed rewrites (their text) are mapped as egglog-python's were —
+    and so are those of the first session, which loads its rules through egglog-python itself."""
     ruleset = ruleset_for(tuple(FAMILIES))
     graph = ir.serde.deserialize_model(infer_shapes(attention_model(variant))).graph
     facts = GraphFacts(graph)
     (region,) = find_regions(graph, facts)
 
+    if replayed:
+        egg_program.program(ruleset)
+    assert (egg_program.known(ruleset) is not None) == replayed
     session = Session()
     session.register(ruleset)
+    assert (session._rule_names_of is egg_program.known(ruleset)[1].rule_names) == replayed
     lowerer = Lowerer(facts, session.names, 18)
     lowerer.lower(region)
     session.add(lowerer.table.commands)
@@ -131,9 +139,22 @@ def test_a_ruleset_of_its_own_is_made_once_per_process(cache):
     """A combination ``ruleset_for`` did not make (a test's own) has no families to name a file by."""
     own = egglog.unstable_combine_rulesets(*(r for name, r in NAMED.items() if name != "scale"))
     first = egg_program.program(own)
-    assert egg_program.program(own) is first
+    assert egg_program.known(own) == first and egg_program.program(own) == first
     assert not any("scale." in name for name in first[1].rule_names.values())
     assert not list(cache.glob("*rules*"))
+
+
+def test_the_first_session_loads_through_egglog_python_and_the_next_replays(cache):
+    """A process whose sources are new to the cache pays what egfuse always paid (the e-graph egglog-python
+    loaded is the session's), never that and a replay; the next session replays the text."""
+    ruleset = ruleset_for(())
+    first = Session()
+    first.register(ruleset)
+    assert first._rule_names_of and all(name.isdigit() or name[:-2].isdigit() for name in first._rule_names_of)
+    second = Session()
+    second.register(ruleset)
+    assert second._rule_names_of is egg_program.known(ruleset)[1].rule_names
+    assert first.names == second.names and first.size() == second.size()
 
 
 def test_files_of_other_sources_unread_for_a_month_are_pruned(cache):
