@@ -94,7 +94,7 @@ def find_repeats(
 def _signature(values: tuple[ir.Value, ...], facts: GraphFacts) -> tuple:
     """Shapes and element types position by position: what the cost model and the writers read beyond the
     commands (the commands state only the dims the rules compare)."""
-    return tuple((str(facts.shape(v)), v.dtype) for v in values)
+    return tuple((facts.shape(v), v.dtype) for v in values)  # (Dims compare as their text did, without making it)
 
 
 class Renamed(Lowered):

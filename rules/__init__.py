@@ -83,7 +83,18 @@ def ruleset_for(families: tuple[str, ...]) -> Ruleset:
     new ruleset object's declarations again (about a second per e-graph). One flat union: a union of unions
     (``a | b | c``) gathers each level's declarations again for every level above it, twice (a protocol check
     reads them too), so its cost doubled with each family added (2.9 s for 16 families, 0.3 s flat)."""
-    return unstable_combine_rulesets(*CORE_FAMILIES.values(), *(FAMILIES[name] for name in families))
+    ruleset = unstable_combine_rulesets(*CORE_FAMILIES.values(), *(FAMILIES[name] for name in families))
+    _FAMILIES_OF[id(ruleset)] = families  # kept alive by the cache above: its id stays its own
+    return ruleset
+
+
+_FAMILIES_OF: dict[int, tuple[str, ...]] = {}
+
+
+def families_of(ruleset: Ruleset) -> tuple[str, ...] | None:
+    """The families :func:`ruleset_for` made ``ruleset`` of; None for any other ruleset. What names a ruleset's
+    egglog program on disk (:mod:`egfuse.egraph.egg_program`): the families and the sources say what its rules are."""
+    return _FAMILIES_OF.get(id(ruleset))
 
 
 __all__ = [
@@ -94,6 +105,7 @@ __all__ = [
     "clamp",
     "commute",
     "facts",
+    "families_of",
     "gelu",
     "groups",
     "heads",

@@ -49,6 +49,9 @@ class GraphFacts:
         self._magnitude: dict[ir.Value, float | None] = {}
         self._finite_magnitude: dict[ir.Value, float | None] = {}
         self._summaries: dict[ir.Value, Summary | None] = {}
+        self._read_shapes: dict[ir.Value, tuple[ir.Shape | None, Shape]] = {}
+        """A value's shape as read from the graph, by the ``ir.Shape`` it was read from (a value given a new shape
+        is read again): lowering asks each value's shape a few times per fact, for every layer's regions."""
         for value in graph.initializers.values():
             self._record_initializer(value)
         for node in graph:
@@ -143,10 +146,16 @@ class GraphFacts:
             return None
         if value in self._shape:
             return self._shape[value]
+        read = value.shape
+        seen = self._read_shapes.get(value)
+        if seen is not None and seen[0] is read:
+            return seen[1]
         inferred = shape_of(value)
         lost = inferred is None or any(d is None or d.invented for d in inferred)
         if lost and value in self._const:  # a value this evaluation computed (a buffer sliced by static sizes)
             return tuple(Dim(int(d)) for d in self._const[value].shape)
+        if not lost:
+            self._read_shapes[value] = (read, inferred)
         return inferred
 
     def rank(self, value: ir.Value | None) -> int | None:

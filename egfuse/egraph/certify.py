@@ -20,6 +20,7 @@ import egglog
 import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
+from egfuse.egraph import egg_program
 from egfuse.egraph.enodes import fields
 from egfuse.egraph.session import Session
 from egfuse.kinds.regions import Region
@@ -131,11 +132,7 @@ class Certifier:
         return certificate
 
 
-_SESSION_NAMES: dict[str, str] = {}
-
-
 def _names() -> dict[str, str]:
-    """egglog's names of the language's functions: the same in every session (they come from the declarations)."""
-    if not _SESSION_NAMES:
-        _SESSION_NAMES.update(Session().names)
-    return _SESSION_NAMES
+    """egglog's names of the language's functions: the same in every session (they come from the declarations;
+    read from the language's program, no e-graph made for them)."""
+    return egg_program.program()[0].names

@@ -3,7 +3,9 @@
 egglog-python's typed API is how rules are *written* (``rules/``). For *loading* thousands of graph values
 it is too slow (building terms re-walks shared subterms), and one huge program string is quadratic in
 egglog's parser. So terms are issued as small egglog-text batches with the constructor names egglog-python
-registered, and read back through ``freeze()``. This module is the only one that touches those internals.
+registered, and read back through ``freeze()``. The language and the rules themselves come as egglog text too
+(:mod:`egfuse.egraph.egg_program`: made once through egglog-python, replayed from the text). This module and that one
+are the only ones that touch those internals.
 """
 
 from __future__ import annotations
@@ -13,30 +15,11 @@ from dataclasses import dataclass, field
 
 import egglog
 from egglog import bindings
-from egglog.declarations import Declarations
 
-from egfuse.egraph import lang
+from egfuse.egraph import egg_program
+from egfuse.egraph.egg_program import egg_names, flat_declarations
 
-_BATCH = 64  # commands per parse: egglog's parser is quadratic in one program's length
-
-
-_FLAT_DECLS: dict[int, tuple[object, Declarations]] = {}
-
-
-def flat_declarations(*objects: object) -> Declarations:
-    """The declarations of typed objects (a ruleset, the language's constructors) merged once, by identity.
-    egglog-python gathers them anew on every ``_add_decls`` — through runtime protocol checks, tens of
-    thousands of calls, about half a second an e-graph — though they never change."""
-    key = hash(tuple(id(o) for o in objects))
-    if key not in _FLAT_DECLS:
-        _FLAT_DECLS[key] = (objects, Declarations.create(*objects))  # the objects kept: their ids stay theirs
-    return _FLAT_DECLS[key][1]
-
-
-def egg_names(egraph: egglog.EGraph, fns: dict[str, object]) -> dict[str, str]:
-    """The egglog-level names of typed constructors/functions, registering them with ``egraph``."""
-    egraph._add_decls(flat_declarations(*fns.values()))  # once: each call re-merges every declaration
-    return {name: egraph._state.callable_ref_to_egg(fn.__egg_ref__)[0] for name, fn in fns.items()}
+__all__ = ["EClass", "ENode", "RunStats", "Session", "egg_names", "flat_declarations"]
 
 
 @dataclass
@@ -73,45 +56,39 @@ class Session:
     """An e-graph over the language in :mod:`egfuse.egraph.lang`, with the perm tables already loaded."""
 
     def __init__(self) -> None:
-        self.egraph = egglog.EGraph()
-        self._raw: bindings.EGraph = self.egraph._egraph
-        functions = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
-        for fact in (
-            "scalar_of",
-            "rank_of",
-            "dtype_of",
-            "dim_of",
-            "perm_then",
-            "swap_last2",
-            "is_weight",
-            "finite",
-            "head_invariant",
-            "heads_of",
-            "last_dim",
-            "halves_repeat",
-        ):
-            functions[fact] = getattr(lang, fact)
-        self.names: dict[str, str] = egg_names(self.egraph, functions)
-        self.names["ref"] = "egfuse_ref"
-        self._raw.run_program(*self._raw.parse_program(f"(constructor egfuse_ref (i64) {self._sort_name()})"))
+        found = egg_program.known()
+        if found is None:  # the first e-graph since the sources changed: loaded through egglog-python
+            made = egg_program.make()
+            self._use(made.egraph, made.base)
+        else:
+            self._use(egglog.EGraph(), found[0])
+            egg_program.run_commands(self._raw, found[0].commands)
+        self._ruleset: egglog.Ruleset | None = None
+        self._rule_names_of: dict[str, str] = {}
+        self._run_command: bindings._Command | None = None
+        self._added = False
+
+    def _use(self, egraph: egglog.EGraph, base: egg_program.Base) -> None:
+        self.egraph = egraph
+        self._raw: bindings.EGraph = egraph._egraph
+        self._sort = base.sort
+        self._sized = base.sized
+        self.names: dict[str, str] = dict(base.names)
         self._python_name = {egg: py for py, egg in self.names.items()}
-        self.add(
-            [f'(set ({self.names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
-            + [f'(set ({self.names["swap_last2"]} "{a}") "{b}")' for a, b in lang.swap_table()]
-        )
+        (self._print_size,) = self._raw.parse_program("(print-size)")
 
     def _sort_name(self) -> str:
-        self.egraph._add_decls(flat_declarations(lang.Tensor))
-        return self.egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
+        return self._sort
 
     # --- loading ---------------------------------------------------------------------------------------------
     def add(self, commands: list[str]) -> None:
-        for i in range(0, len(commands), _BATCH):
-            text = "\n".join(commands[i : i + _BATCH])
-            self._raw.run_program(*self._raw.parse_program(text))
+        self._added = True
+        egg_program.run_commands(self._raw, commands)
 
     def size(self) -> int:
-        return sum(n for _, n in self.egraph.all_function_sizes())
+        """Rows of the language's functions (what egglog-python's ``all_function_sizes`` counts)."""
+        (output,) = self._raw.run_program(self._print_size)
+        return sum(n for name, n in output.sizes if name in self._sized)
 
     def holds(self, fact: str) -> bool:
         """Whether egglog can match ``fact`` (a query in its syntax; free names are pattern variables) now."""
@@ -123,18 +100,43 @@ class Session:
 
     # --- saturation ------------------------------------------------------------------------------------------
     def register(self, ruleset: egglog.Ruleset) -> None:
-        """Turns the rules into egglog's commands now rather than on the first run (a quarter second for ~530
-        rules): a session pushed before its terms and popped after keeps them for the next use."""
-        self.run(ruleset, max_iterations=0, max_enodes=0, max_seconds=0.0)
+        """Loads the rules now rather than on the first run: a session pushed before its terms and popped after
+        keeps them for the next use. One ruleset a session. Replayed from their text where it is known;
+        otherwise loaded through egglog-python (into a fresh e-graph, which this session takes where nothing was
+        added to its own yet), as every later session's text."""
+        if self._ruleset is ruleset:
+            return
+        if self._ruleset is not None:
+            raise ValueError("a session runs one ruleset; this one already has another")
+        found = egg_program.known(ruleset)
+        if found is not None:
+            rules = found[1]
+            assert rules is not None
+            egg_program.run_commands(self._raw, rules.commands)
+            self._rule_names_of = rules.rule_names
+        else:
+            made = egg_program.make(ruleset)
+            rules = made.rules
+            assert rules is not None
+            if not self._added and not self.egraph._state_stack:  # nothing of this session's own yet
+                self._use(made.egraph, made.base)
+                self._rule_names_of = made.rule_names
+            elif made.faithful:
+                egg_program.run_commands(self._raw, rules.commands)
+                self._rule_names_of = rules.rule_names
+            else:  # never seen (egglog 13.2 prints what it reads)
+                raise RuntimeError("egglog's printing of the rules does not read back as the same commands")
+        self._ruleset = ruleset
+        self._sized = rules.sized
+        (self._run_command,) = self._raw.parse_program(rules.run)
 
     def run(self, ruleset: egglog.Ruleset, *, max_iterations: int, max_enodes: int, max_seconds: float) -> RunStats:
         """Run one iteration at a time: egglog's ``run`` has no node or time budget of its own."""
+        self.register(ruleset)
         stats = RunStats(enodes_before=self.size())
         start = time.perf_counter()
         stats.stop_reason = "iteration budget"
-        schedule = egglog.run(ruleset)
-        self.egraph._add_decls(flat_declarations(ruleset))  # registers the rules once …
-        command = self.egraph._state.run_schedule_to_egg(schedule.schedule)  # … then one iteration is one command
+        command = self._run_command
         named = self._rule_names()
         for _ in range(max_iterations):
             (output,) = self._raw.run_program(command)
@@ -160,14 +162,13 @@ class Session:
         return stats
 
     def _rule_names(self):
-        """egglog's rule name ("38", "38=>") → the rule's stable name (its family and place in the family)."""
-        from egfuse.rules import rule_names  # the rules import the language, as this module does: no cycle
-
-        decls = self.egraph._state.rule_name_to_command_decl
-        stable = rule_names()
+        """egglog's name of a rule (egglog-python's counter where this session's rules were loaded through it;
+        replayed from text, a rule's ``:name`` or a rewrite's own text) → the rule's stable name (its family
+        and place in the family)."""
+        stable = self._rule_names_of
 
         def named(egg_name: str) -> str:
-            return stable.get(decls.get(egg_name), f"unnamed.{egg_name}")
+            return stable.get(egg_name, f"unnamed.{egg_name}")
 
         return named
 

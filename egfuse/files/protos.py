@@ -259,7 +259,9 @@ def inference_probe(
 ) -> onnx.ModelProto:
     """A copy of the graph for shape inference: large weights (initializers and ``Constant`` nodes) stood in for
     by typed inputs — their values are never needed, and a model over 2 GB cannot be serialized whole for onnx's
-    checker —, graph inputs fixed to ``input_shapes`` where given."""
+    checker —, graph inputs fixed to ``input_shapes`` where given. The nodes' ``metadata_props`` are left out:
+    neither inference nor the checker reads them, and a dynamo export's source map was 60% of a 48-layer
+    BERT's probe (inference on it 0.05 s → 0.015 s)."""
     graph = model.graph
     probe = onnx.ModelProto()
     probe.ir_version = model.ir_version
@@ -270,6 +272,8 @@ def inference_probe(
         weight = _large_constant(node, inline_bytes)
         if weight is None:
             probe.graph.node.append(node)
+            if node.metadata_props:  # a dynamo export's source map: most of a graph without its weights
+                del probe.graph.node[-1].metadata_props[:]
         else:  # exporters (onnxscript's models) ship weights as Constant nodes, as large as initializers
             probe.graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], weight.data_type, weight.dims))
     probe.graph.output.extend(graph.output)

@@ -80,13 +80,27 @@ def admit_standard_attention(
 def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
     """onnx's version converter to opset 23 (IR version 10 at least), or None and why it refused."""
     try:
-        converted = onnx.version_converter.convert_version(proto, STANDARD_ATTENTION_OPSET)
+        converted = onnx.version_converter.convert_version(_without_node_metadata(proto), STANDARD_ATTENTION_OPSET)
     except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why
         text = str(err).strip()
         return None, text.splitlines()[-1][-160:] if text else type(err).__name__
     converted.ir_version = max(converted.ir_version, 10)
     _restore_what_the_converter_drops(proto, converted)
     return converted, ""
+
+
+def _without_node_metadata(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` without its nodes' ``metadata_props`` (``proto`` itself where none has any). onnx's
+    version converter drops them anyway (they are put back after, from the original), and shape inference
+    never reads them; both copy the model into C++ and back, and a dynamo export's source map is a third of
+    it (the converter: 0.11 s → 0.06 s for a 48-layer BERT, the same output on 80 exports that had it)."""
+    if not any(node.metadata_props for node in proto.graph.node):
+        return proto
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    for node in bare.graph.node:
+        del node.metadata_props[:]
+    return bare
 
 
 def _restore_what_the_converter_drops(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
@@ -151,7 +165,26 @@ def bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
 
 def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
     """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
-    17): their output takes their input's shape, and inference runs again from there."""
+    17): their output takes their input's shape, and inference runs again from there.
+
+    Inference never reads the nodes' ``metadata_props``, but it copies the model into C++ and back each round,
+    and a dynamo export's source map is most of a model without its weights: it is set aside and put back on
+    the same nodes after (inference neither adds, drops nor reorders nodes) — 0.09 s → 0.05 s for a 48-layer
+    BERT, the same model out."""
+    bare = _without_node_metadata(proto)
+    inferred = _inferred(bare, rounds)
+    if inferred is bare:  # inference refused the graph at once: the model as it came
+        return proto
+    if bare is not proto:
+        if len(inferred.graph.node) != len(proto.graph.node):  # never seen; the plain way, to be safe
+            return _inferred(proto, rounds)
+        for source, node in zip(proto.graph.node, inferred.graph.node, strict=True):
+            if source.metadata_props:
+                node.metadata_props.extend(source.metadata_props)
+    return inferred
+
+
+def _inferred(proto: onnx.ModelProto, rounds: int) -> onnx.ModelProto:
     for _ in range(rounds):
         try:
             proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
