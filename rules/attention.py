@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, ne, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, dim_of, rank_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, rank_of
 
 BNSH = "0,2,1,3"
 NO_CAP = 0.0

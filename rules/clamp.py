@@ -21,7 +21,8 @@ from __future__ import annotations
 from egfuse.rules.masks import MASK_FILL_MAX
 from egglog import eq, f64, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import scalar_of
 
 
 @ruleset

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from egglog import String, f64, rewrite, ruleset
 
-from egfuse.egraph.lang import Tensor, is_weight, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import is_weight, scalar_of
 
 
 @ruleset

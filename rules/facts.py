@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rule, ruleset, set_
 
-from egfuse.egraph.lang import Tensor, dim_of, finite, head_invariant, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, finite, head_invariant, is_weight, rank_of, scalar_of
 
 
 @ruleset

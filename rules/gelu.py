@@ -14,7 +14,8 @@ import math
 
 from egglog import eq, f64, i64, rewrite, ruleset
 
-from egfuse.egraph.lang import Tensor, dtype_of, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dtype_of, is_weight, rank_of, scalar_of
 
 SQRT2_TOLERANCE = 1e-6
 """How far a stored √2 (or 1/√2) may be from the exact one, relatively: float32's rounding of it."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, set_, union
 
-from egfuse.egraph.lang import Tensor, dim_of, finite, head_invariant, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, finite, head_invariant, rank_of, scalar_of
 
 ONE = "1"
 BINARY = (Tensor.add, Tensor.sub, Tensor.mul, Tensor.div)

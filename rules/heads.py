@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, set_, union
 
-from egfuse.egraph.lang import Tensor, dim_of, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, is_weight, rank_of, scalar_of
 
 BNSH = "0,2,1,3"
 ONE = "1"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from egglog import String, birewrite, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, dim_of, is_weight, perm_then, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, is_weight, perm_then, scalar_of
 
 
 @ruleset

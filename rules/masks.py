@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from egglog import f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, dtype_of, finite, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dtype_of, finite, scalar_of
 
 NEG_INF = float("-inf")
 MASK_FILL_MAX = -1e4

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from egglog import eq, f64, i64, rewrite, ruleset
 
-from egfuse.egraph.lang import Tensor, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import is_weight, rank_of, scalar_of
 
 
 @ruleset

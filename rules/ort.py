@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
-from egfuse.egraph.lang import Tensor, is_weight, rank_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import is_weight, rank_of
 
 
 @ruleset

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, set_, union
 
-from egfuse.egraph.lang import Tensor, dim_of, head_invariant, heads_of, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, head_invariant, heads_of, rank_of, scalar_of
 
 LAST, ROWS, HEADS = -1, -2, -3
 BNSH = "0,2,1,3"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from egglog import eq, f64, i64, rewrite, ruleset
 
-from egfuse.egraph.lang import Tensor, dtype_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dtype_of
 
 FLOAT32 = 1
 """``TensorProto.FLOAT``."""

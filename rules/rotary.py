@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset
 
-from egfuse.egraph.lang import Tensor, halves_repeat, last_dim, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import halves_repeat, last_dim, rank_of, scalar_of
 
 _UNARY: tuple[Callable[[Tensor], Tensor], ...] = (Tensor.cos, Tensor.sin, Tensor.neg)
 """Elementwise functions of one tensor: they keep a table's repeated halves and move inside an interleave."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, dim_of, last_dim, rank_of, scalar_of, swap_last2
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, last_dim, rank_of, scalar_of, swap_last2
 
 
 @ruleset

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from egglog import f64, rewrite, ruleset
 
-from egfuse.egraph.lang import Tensor, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import scalar_of
 
 RECIPROCAL_TOLERANCE = 1e-6
 """How far ``(1/c) · c`` may be from 1: the rounding of a reciprocal stored in float32."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from egglog import String, eq, i64, rewrite, rule, ruleset, union
 
-from egfuse.egraph.lang import Tensor, dim_of, head_invariant, rank_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dim_of, head_invariant, rank_of
 
 FIVE = i64(5)
 KEEP_LEADING = (("0,1,2,4,3", "0,1,3,2"), ("0,1,3,2,4", "0,2,1,3"))

@@ -35,7 +35,8 @@ import egglog
 from egglog import bindings
 from egglog.declarations import Declarations
 
-from egfuse.egraph import lang
+from egfuse.egraph import lang, term_facts
+from egfuse.egraph.perms import perm_table, swap_table
 
 _FORMAT = 1  # bump when the file's layout changes
 _BATCH_CHARS = 1000
@@ -138,8 +139,8 @@ def run_commands(raw: bindings.EGraph, commands: tuple[str, ...] | list[str]) ->
 
 # --- making a program through egglog-python ----------------------------------------------------------------
 def _typed_functions() -> dict[str, object]:
-    functions: dict[str, object] = {name: getattr(lang.Tensor, name) for name in lang.constructor_names()}
-    functions.update({fact: getattr(lang, fact) for fact in _FACTS})
+    functions: dict[str, object] = {name: getattr(lang.Tensor, name) for name in constructor_names()}
+    functions.update({fact: getattr(term_facts, fact) for fact in _FACTS})
     return functions
 
 
@@ -189,8 +190,8 @@ def make(ruleset: egglog.Ruleset | None = None) -> Made:
         sort = egraph._state.type_ref_to_egg(lang.Tensor.__egg_tp__.to_just())
         raw.run_program(*raw.parse_program(f"(constructor {REF} (i64) {sort})"))
         names["ref"] = REF
-        table = [f'(set ({names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in lang.perm_table()]
-        table += [f'(set ({names["swap_last2"]} "{a}") "{b}")' for a, b in lang.swap_table()]
+        table = [f'(set ({names["perm_then"]} "{a}" "{b}") "{c}")' for a, b, c in perm_table()]
+        table += [f'(set ({names["swap_last2"]} "{a}") "{b}")' for a, b in swap_table()]
         run_commands(raw, table)
         base_size = len(recorder.texts)
         base_sized = _sized(egraph)
@@ -408,3 +409,10 @@ def _prune(folder: Path) -> None:
         with contextlib.suppress(OSError):
             if now - old.stat().st_mtime > _STALE_SECONDS:
                 old.unlink()
+
+
+def constructor_names() -> list[str]:
+    """The Tensor constructors, in declaration order."""
+    decls = lang.Tensor.__egg_decls__
+    (cls,) = (c for ident, c in decls._classes.items() if str(ident).endswith(".Tensor"))
+    return list(cls.class_methods)

@@ -10,19 +10,15 @@ Every stage (lower, rules, extract, raise) speaks this one vocabulary. Three lay
   and the target ops (``mha``, ``packed_attention``) that extraction may choose per hardware target.
 
 Dims and permutations are ``String`` ("64", "batch", "0,2,1,3"): equal strings mean equal dims, which is
-all the rules need. Permutation algebra is a lookup table (``perm_then``) written into each e-graph.
+all the rules need. Permutation algebra is a lookup table (``perm_then``) written into each e-graph. What is
+known of a term (its rank, a constant's value, finiteness …) are the facts of :mod:`egfuse.egraph.term_facts`.
 """
 
 from __future__ import annotations
 
-from egglog import Expr, String, StringLike, f64, f64Like, function, i64, i64Like, relation
+from egglog import Expr, StringLike, f64Like, i64Like
 
-from egfuse.egraph.perms import perm_string, perm_table, swap_table
-
-__all__ = [
-    "Tensor", "dim_of", "dtype_of", "finite", "halves_repeat", "head_invariant", "heads_of", "is_weight",
-    "last_dim", "perm_string", "perm_table", "perm_then", "rank_of", "scalar_of", "swap_last2",
-]  # fmt: skip
+__all__ = ["Tensor"]
 
 
 class Tensor(Expr):
@@ -299,71 +295,3 @@ class Tensor(Expr):
     def packed_attention(cls, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, bq: Tensor, bk: Tensor, bv: Tensor,
                          bias: Tensor, scale: f64Like, heads: StringLike) -> Tensor:  # fmt: skip
         """``com.microsoft.Attention``: the Q/K/V projections of one input and attention in one op."""
-
-
-# --- facts attached to e-classes (set by lowering, propagated by rules) ------------------------------------
-
-
-@function(merge=lambda old, new: old)
-def scalar_of(x: Tensor) -> f64:
-    """The value of a one-element constant (a scale, a mask fill, a zero)."""
-
-
-@function(merge=lambda old, new: old)
-def rank_of(x: Tensor) -> i64:
-    """The rank of a tensor, where known."""
-
-
-@function(merge=lambda old, new: old)
-def dtype_of(x: Tensor) -> i64:
-    """The ONNX element type (TensorProto enum) of a tensor, where known."""
-
-
-@function(merge=lambda old, new: old)
-def dim_of(x: Tensor, axis: i64Like) -> String:
-    """A dim of a constant (axis counted from the end when negative), where known."""
-
-
-@function(merge=lambda old, new: old)
-def heads_of(x: Tensor) -> i64:
-    """The static size of the heads axis (−3) of a (B, N, S, H) tensor: what joining heads adds up."""
-
-
-@function
-def perm_then(first: StringLike, then: StringLike) -> String:
-    """Composition table: ``transpose(transpose(x, first), then) == transpose(x, perm_then(first, then))``."""
-
-
-@function
-def swap_last2(perm: StringLike) -> String:
-    """``perm`` with its last two entries exchanged: the layout of K when a perm produces Kᵀ."""
-
-
-is_weight = relation("is_weight", Tensor)
-"""A constant initializer (projection weight or bias): packable into a fused op's weights."""
-
-head_invariant = relation("head_invariant", Tensor)
-"""The same for every head: its heads axis (−3) is 1 or absent (a padding or causal mask, no position bias), so
-attention on a few heads and on all of them read it alike."""
-
-finite = relation("finite", Tensor)
-"""Holds no ±inf or NaN (graph float inputs are assumed finite): a softmax over it never yields NaN rows."""
-
-
-@function(merge=lambda old, new: old)
-def last_dim(x: Tensor) -> i64:
-    """The static size of the last axis, where known: how wide a rotation is."""
-
-
-halves_repeat = relation("halves_repeat", Tensor)
-"""Its last axis is two equal halves, ``t[…, R/2:] == t[…, :R/2]``: a rotate-half cos/sin table."""
-
-
-def constructor_names() -> list[str]:
-    """The Tensor constructors, in declaration order."""
-    decls = Tensor.__egg_decls__
-    (cls,) = (c for ident, c in decls._classes.items() if str(ident).endswith(".Tensor"))
-    return list(cls.class_methods)
-
-
-__all__ += ["constructor_names", "swap_table"]

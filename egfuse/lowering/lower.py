@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from egfuse.egraph.lang import perm_string
+from egfuse.egraph.perms import perm_string
 from egfuse.kinds.regions import Region, is_inference_dropout
 from egfuse.lowering.lower_layout import LayoutTerms
 from egfuse.lowering.lower_pieces import PieceTerms

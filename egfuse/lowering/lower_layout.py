@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from egfuse.analysis.dims import Dim, reshape_result
-from egfuse.egraph.lang import perm_string
+from egfuse.egraph.perms import perm_string
 from egfuse.lowering.lower_groups import GroupTerms
 from egfuse.lowering.lower_terms import axes_input, quoted, times
 

@@ -14,7 +14,8 @@ from egglog import f64, set_
 from onnx import helper
 
 import egfuse
-from egfuse.egraph.lang import Tensor, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import scalar_of
 from egfuse.validation import validate
 from egfuse.validation.validate import make_feeds
 

@@ -12,7 +12,8 @@ from egglog import f64, i64, set_
 from onnx import helper
 
 import egfuse
-from egfuse.egraph.lang import Tensor, is_weight, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import is_weight, rank_of, scalar_of
 from egfuse.validation import validate
 from egfuse.validation.validate import make_feeds
 from egfuse.writing import writers

@@ -12,7 +12,8 @@ from egfuse.rules import gelu, norms, precision
 from egglog import f64, i64, set_, unstable_combine_rulesets
 
 import egfuse
-from egfuse.egraph.lang import Tensor, dtype_of, rank_of, scalar_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import dtype_of, rank_of, scalar_of
 from egfuse.testing import Variant, attention_model, disagreements, feeds_for
 from egfuse.validation import validate
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from egfuse.rules import facts, layout, rotary
 from egglog import EGraph, i64, set_, unstable_combine_rulesets
 
-from egfuse.egraph.lang import Tensor, halves_repeat, last_dim, rank_of
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.term_facts import halves_repeat, last_dim, rank_of
 
 from ..rules.test_rules import proves
 from ..rules.test_rules import saturated as rules_saturated

@@ -27,15 +27,15 @@ from egfuse.rules import (
 )  # fmt: skip
 from egglog import EggSmolError, EGraph, Ruleset, String, eq, f64, i64, set_
 
-from egfuse.egraph.lang import (
-    Tensor,
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.perms import perm_table
+from egfuse.egraph.term_facts import (
     dim_of,
     dtype_of,
     finite,
     head_invariant,
     heads_of,
     is_weight,
-    perm_table,
     perm_then,
     rank_of,
     scalar_of,

@@ -15,7 +15,8 @@ from egfuse.rules import FAMILIES, NAMED, rule_names, ruleset_for
 from egfuse.analysis.facts import GraphFacts
 from egfuse.egraph import egg_program
 from egfuse.egraph.egg_program import egg_names, flat_declarations
-from egfuse.egraph.lang import Tensor, perm_table, swap_table
+from egfuse.egraph.lang import Tensor
+from egfuse.egraph.perms import perm_table, swap_table
 from egfuse.egraph.session import Session
 from egfuse.kinds.regions import find_regions
 from egfuse.lowering.lower import Lowerer
