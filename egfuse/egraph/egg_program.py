@@ -21,24 +21,17 @@ read back as the same commands (printed again, the same text) before it is used 
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 import re
-import tempfile
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import egglog
 from egglog import bindings
 from egglog.declarations import Declarations
 
-from egfuse.egraph import lang, term_facts
+from egfuse.egraph import egg_cache, lang, term_facts
+from egfuse.egraph.egg_cache import Base, Rules
 from egfuse.egraph.perms import perm_table, swap_table
 
-_FORMAT = 1  # bump when the file's layout changes
 _BATCH_CHARS = 1000
 REF = "egfuse_ref"
 """The constructor of a graph value's own e-class (by id): declared in egglog text, not through egglog-python."""
@@ -47,33 +40,6 @@ _FACTS = ("scalar_of", "rank_of", "dtype_of", "dim_of", "perm_then", "swap_last2
 _RULE_NAME = re.compile(r':name "((?:[^"\\]|\\.)*)"\)?$')
 _NOT_DECLARATIONS = ("(print-size", "(push", "(pop", "(run-schedule", "(run ", "(check")
 """Commands a recording also holds that declare nothing (sizes read, runs): not part of a program."""
-
-
-@dataclass(frozen=True)
-class Base:
-    """The language: its sort and functions, ``egfuse_ref`` and the permutation tables."""
-
-    commands: tuple[str, ...]
-    names: dict[str, str]
-    """Python name of a constructor or fact (``matmul``, ``rank_of``, ``ref``) → its egglog name."""
-    sort: str
-    """egglog's name of the Tensor sort."""
-    sized: frozenset[str]
-    """The functions an e-graph's size counts: those declared through egglog-python (not ``egfuse_ref``)."""
-
-
-@dataclass(frozen=True)
-class Rules:
-    """A ruleset's commands, to be run after the base's."""
-
-    commands: tuple[str, ...]
-    run: str
-    """The command that runs the ruleset once (one iteration)."""
-    rule_names: dict[str, str]
-    """egglog's name of a replayed rule (:func:`_replayed_names`) → its stable name (``masks.12``,
-    :func:`egfuse.rules.rule_names`): what run reports count matches by."""
-    sized: frozenset[str]
-    """The base's and those the rules declare."""
 
 
 _FLAT_DECLS: dict[int, tuple[object, Declarations]] = {}
@@ -289,8 +255,8 @@ def known(ruleset: egglog.Ruleset | None = None) -> tuple[Base, Rules | None] | 
     key, families, on_disk = _key(ruleset)
     found = _MEMORY.get(key)
     if found is None and on_disk:
-        path = _cache_path(families, ruleset is None)
-        found = _read(path, ruleset is not None) if path is not None else None
+        path = egg_cache.path_for(families, ruleset is None)
+        found = egg_cache.read(path, ruleset is not None) if path is not None else None
         if found is not None:
             _MEMORY[key] = found
     return found
@@ -315,100 +281,9 @@ def _remember(ruleset: egglog.Ruleset | None, base: Base, rules: Rules | None) -
     _MEMORY[key] = (base, rules)
     if ruleset is not None:
         _MEMORY.setdefault(("families", None), (base, None))
-    path = _cache_path(families, ruleset is None) if on_disk else None
+    path = egg_cache.path_for(families, ruleset is None) if on_disk else None
     if path is not None:
-        _write(path, base, rules)
-
-
-def cache_folder() -> Path | None:
-    """Where program files are kept; None where ``EGFUSE_CACHE_DIR`` is set empty (no file)."""
-    chosen = os.environ.get("EGFUSE_CACHE_DIR")
-    if chosen is not None:
-        return Path(chosen) if chosen else None
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "egfuse"
-
-
-_SOURCE_HASH: list[str] = []
-
-
-def source_hash() -> str:
-    """egglog's version and every source file of egfuse and its rules: what the program text depends on."""
-    if not _SOURCE_HASH:
-        from importlib import metadata
-
-        import egfuse
-        from egfuse import rules
-
-        digest = hashlib.sha256(f"{_FORMAT} egglog {metadata.version('egglog')}".encode())
-        for folder in (Path(egfuse.__file__).parent, Path(rules.__file__).parent):  # the rules may live apart
-            for path in sorted(folder.rglob("*.py")):  # every subpackage: the language may move into one
-                digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _SOURCE_HASH.append(digest.hexdigest()[:32])
-    return _SOURCE_HASH[0]
-
-
-def _cache_path(families: tuple[str, ...] | None, base: bool) -> Path | None:
-    folder = cache_folder()
-    if folder is None:
-        return None
-    what = "base" if base else "rules-" + "-".join(("core", *(families or ())))
-    return folder / f"egg-program-{source_hash()}-{what}.json"
-
-
-def _read(path: Path, with_rules: bool) -> tuple[Base, Rules | None] | None:
-    try:
-        data = json.loads(path.read_text())
-        if data.get("source") != source_hash():
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # in use: not pruned
-        b = data["base"]
-        base = Base(tuple(b["commands"]), dict(b["names"]), b["sort"], frozenset(b["sized"]))
-        if not with_rules:
-            return base, None
-        r = data["rules"]
-        return base, Rules(tuple(r["commands"]), r["run"], dict(r["rule_names"]), frozenset(r["sized"]))
-    except (OSError, ValueError, KeyError, TypeError):  # absent, partly written by an older egfuse, unreadable
-        return None
-
-
-def _write(path: Path, base: Base, rules: Rules | None) -> None:
-    """Atomically (a reader sees the old file or the new, whole), and silently where the folder is not
-    writable: the cache saves time, it is never needed."""
-    data: dict = {"source": source_hash(), "base": {"commands": base.commands, "names": base.names, "sort": base.sort,
-                                                    "sized": sorted(base.sized)}}  # fmt: skip
-    if rules is not None:
-        data["rules"] = {"commands": rules.commands, "run": rules.run, "rule_names": rules.rule_names,
-                         "sized": sorted(rules.sized)}  # fmt: skip
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
-            temporary = f.name
-            json.dump(data, f)
-        os.replace(temporary, path)
-    except OSError:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-        return
-    _prune(path.parent)
-
-
-_STALE_SECONDS = 30 * 24 * 3600
-
-
-def _prune(folder: Path) -> None:
-    """Files of other sources (an older egfuse or egglog) unread for a month go: each edit of the rules makes
-    new ones, and nothing else would ever remove the old (a read touches its file, :func:`_read`)."""
-    now = time.time()
-    for old in folder.glob("egg-program-*.json"):
-        if source_hash() in old.name:
-            continue
-        with contextlib.suppress(OSError):
-            if now - old.stat().st_mtime > _STALE_SECONDS:
-                old.unlink()
+        egg_cache.write(path, base, rules)
 
 
 def constructor_names() -> list[str]:

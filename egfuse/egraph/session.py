@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import egglog
 from egglog import bindings
 
-from egfuse.egraph import egg_program
+from egfuse.egraph import egg_cache, egg_program
 from egfuse.egraph.egg_program import egg_names, flat_declarations
 
 __all__ = ["EClass", "ENode", "RunStats", "Session", "egg_names", "flat_declarations"]
@@ -68,7 +68,7 @@ class Session:
         self._run_command: bindings._Command | None = None
         self._added = False
 
-    def _use(self, egraph: egglog.EGraph, base: egg_program.Base) -> None:
+    def _use(self, egraph: egglog.EGraph, base: egg_cache.Base) -> None:
         self.egraph = egraph
         self._raw: bindings.EGraph = egraph._egraph
         self._sort = base.sort

@@ -13,7 +13,7 @@ import pytest
 from egfuse.rules import FAMILIES, NAMED, rule_names, ruleset_for
 
 from egfuse.analysis.facts import GraphFacts
-from egfuse.egraph import egg_program
+from egfuse.egraph import egg_cache, egg_program
 from egfuse.egraph.egg_program import egg_names, flat_declarations
 from egfuse.egraph.lang import Tensor
 from egfuse.egraph.perms import perm_table, swap_table
@@ -107,7 +107,7 @@ def test_the_cache_file_is_written_read_and_rewritten_when_broken(cache):
     ruleset = ruleset_for(tuple(FAMILIES))
     made = egg_program.program(ruleset)
     files = sorted(cache.glob("egg-program-*.json"))
-    assert len(files) == 1 and egg_program.source_hash() in files[0].name
+    assert len(files) == 1 and egg_cache.source_hash() in files[0].name
     egg_program._MEMORY.clear()
     assert egg_program.program(ruleset) == made  # read back from the file
 
@@ -115,13 +115,13 @@ def test_the_cache_file_is_written_read_and_rewritten_when_broken(cache):
     egg_program._MEMORY.clear()
     assert egg_program.program(ruleset) == made  # made again, and the file with it
     egg_program._MEMORY.clear()
-    assert egg_program._read(files[0], True) == made
+    assert egg_cache.read(files[0], True) == made
 
 
 def test_no_cache_file_where_the_folder_is_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("EGFUSE_CACHE_DIR", "")
     monkeypatch.setattr(egg_program, "_MEMORY", {})
-    assert egg_program.cache_folder() is None
+    assert egg_cache.cache_folder() is None
     base, rules = egg_program.program(ruleset_for(()))
     assert rules is not None and base.names["ref"] == egg_program.REF
     assert not list(tmp_path.iterdir())
@@ -131,9 +131,9 @@ def test_a_file_of_other_sources_is_not_read(cache):
     ruleset = ruleset_for(())
     egg_program.program(ruleset)
     (path,) = cache.glob("egg-program-*.json")
-    text = path.read_text().replace(egg_program.source_hash(), "0" * 32)
+    text = path.read_text().replace(egg_cache.source_hash(), "0" * 32)
     path.write_text(text)
-    assert egg_program._read(path, True) is None
+    assert egg_cache.read(path, True) is None
 
 
 def test_a_ruleset_of_its_own_is_made_once_per_process(cache):
@@ -162,10 +162,10 @@ def test_files_of_other_sources_unread_for_a_month_are_pruned(cache):
     stale, recent = cache / "egg-program-old-base.json", cache / "egg-program-newer-base.json"
     for path in (stale, recent):
         path.write_text("{}")
-    month = egg_program._STALE_SECONDS + 60
+    month = egg_cache._STALE_SECONDS + 60
     os.utime(stale, (time.time() - month, time.time() - month))
     egg_program.program(ruleset_for(()))
     assert not stale.exists() and recent.exists()
-    assert [p.name for p in cache.glob(f"egg-program-{egg_program.source_hash()}-*.json")] == [
-        f"egg-program-{egg_program.source_hash()}-rules-core.json"
+    assert [p.name for p in cache.glob(f"egg-program-{egg_cache.source_hash()}-*.json")] == [
+        f"egg-program-{egg_cache.source_hash()}-rules-core.json"
     ]
