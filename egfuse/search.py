@@ -27,8 +27,10 @@ from egfuse.files.load import default_opset
 from egfuse.kinds.regions import Region
 from egfuse.kinds.registry import KINDS, finding_order
 from egfuse.lowering.lower import Lowered, Lowerer
-from egfuse.preparation import functions
+from egfuse.preparation.if_folding import fold_constant_ifs
+from egfuse.preparation.literal_folding import fold_literal_arithmetic
 from egfuse.preparation.prepare import infer_shapes
+from egfuse.preparation.sequences import concat_sequences, split_sequence_items
 from egfuse.repeats import NotRenamed, find_repeats
 from egfuse.report import RegionKey, Report
 from egfuse.rules import ruleset_for
@@ -110,14 +112,14 @@ def _search(
 def _simplified(model: ir.Model, weights: protos.DetachedWeights | None) -> tuple[ir.Model, GraphFacts]:
     """The graph with what hides its ops from the rules folded (sequences concatenated, literal arithmetic,
     constant Ifs), shapes inferred again after each change, and the facts read from it."""
-    if functions.concat_sequences(model.graph):
+    if concat_sequences(model.graph):
         model = _reinferred(model, weights)
     facts = GraphFacts(model.graph)
-    if functions.fold_literal_arithmetic(model.graph, facts) + functions.split_sequence_items(model.graph, facts):
+    if fold_literal_arithmetic(model.graph, facts) + split_sequence_items(model.graph, facts):
         model = _reinferred(model, weights)  # shape inference reads literals: ranks come back downstream
         facts = GraphFacts(model.graph)
     for _ in range(8):  # a folded branch may hold Ifs of its own (torchlib's squeeze and gather nest them)
-        if not functions.fold_constant_ifs(model.graph, facts):
+        if not fold_constant_ifs(model.graph, facts):
             break
         model = _reinferred(model, weights)  # the branches' ops had no shapes (an If's output has none)
         facts = GraphFacts(model.graph)

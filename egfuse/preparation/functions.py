@@ -10,7 +10,7 @@ are known, and a second inlining can keep every other function as it was.
 
 What the old exporter's inlined bodies spell in ways the regions cannot read is undone elsewhere, one habit a
 module (:mod:`egfuse.preparation.if_folding`, :mod:`egfuse.preparation.literal_folding`,
-:mod:`egfuse.preparation.sequences`); their entry points are re-exported here, where the search has always found them.
+:mod:`egfuse.preparation.sequences`), which the search runs after inlining.
 """
 
 from __future__ import annotations
@@ -23,24 +23,17 @@ import onnx_ir as ir
 import onnx_ir.passes.common as ir_passes
 
 from egfuse.files import protos
-from egfuse.preparation.if_folding import fold_constant_ifs
-from egfuse.preparation.literal_folding import fold_literal_arithmetic
-from egfuse.preparation.sequences import concat_sequences, split_sequence_items
 
 __all__ = [
     "FUNCTION_TAG",
     "Inlined",
     "callers_closure",
     "calls_local_functions",
-    "concat_sequences",
-    "fold_constant_ifs",
-    "fold_literal_arithmetic",
     "function_label",
     "inline",
     "origin",
     "retype_contradicted_hints",
     "softmaxes_in_subgraphs",
-    "split_sequence_items",
 ]
 
 FUNCTION_TAG = "egfuse.function"

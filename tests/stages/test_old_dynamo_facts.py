@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 import egfuse
 from egfuse.analysis.dims import Dim
 from egfuse.analysis.facts import GraphFacts
-from egfuse.preparation import functions
+from egfuse.preparation import if_folding, literal_folding, sequences
 from egfuse.testing import CONCATS, Variant, attention_model, feeds_for
 
 from ..conftest import DATA, assert_same_outputs, fast_on, one_target_fast
@@ -138,11 +138,10 @@ def _nested_constant_ifs() -> onnx.ModelProto:
 
 
 def test_nested_ifs_on_known_conditions_are_their_branches():
-    from egfuse.preparation import functions
 
     graph = ir.serde.deserialize_model(_nested_constant_ifs()).graph
     for _ in range(3):
-        if not functions.fold_constant_ifs(graph, GraphFacts(graph)):
+        if not if_folding.fold_constant_ifs(graph, GraphFacts(graph)):
             break
     assert [n.op_type for n in graph if n.op_type in ("If", "Softmax")] == ["Softmax"]
 
@@ -219,11 +218,10 @@ def _torchlib_gather() -> onnx.ModelProto:
 def test_torchlib_gather_if_is_its_gather():
     """Both branches give a tensor of i's shape, empty when i is: the If is the GatherElements (checked on
     onnxruntime, an empty index included)."""
-    from egfuse.preparation import functions
     from egfuse.validation import validate
 
     model = ir.serde.deserialize_model(_torchlib_gather())
-    assert functions.fold_constant_ifs(model.graph, GraphFacts(model.graph)) == 1
+    assert if_folding.fold_constant_ifs(model.graph, GraphFacts(model.graph)) == 1
     assert [n.op_type for n in model.graph] == ["Size", "Constant", "Equal", "Cast", "GatherElements"]
     folded = ir.serde.serialize_model(model)
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
@@ -411,7 +409,7 @@ def _torchlib_literals() -> onnx.ModelProto:
 
 def test_torchlib_integer_literals_fold_and_ranks_come_back():
     model = ir.serde.deserialize_model(_torchlib_literals())
-    folded = functions.fold_literal_arithmetic(model.graph, GraphFacts(model.graph))
+    folded = literal_folding.fold_literal_arithmetic(model.graph, GraphFacts(model.graph))
     ops = {n.outputs[0].name: n.op_type for n in model.graph}
     assert folded == 4 and {ops[v] for v in ("axis", "start", "end0", "end")} == {"Constant"}, ops
     assert ops["whole"] == "Add"  # float arithmetic is the model's own: never folded
@@ -445,7 +443,7 @@ def test_an_item_of_a_split_sequence_is_a_slice(split, index):
     needs the count, is left as written."""
     original = _split_sequence(split, index)
     model = ir.serde.deserialize_model(original)
-    replaced = functions.split_sequence_items(model.graph, GraphFacts(model.graph))
+    replaced = sequences.split_sequence_items(model.graph, GraphFacts(model.graph))
     assert replaced == (index >= 0)
     assert ("SequenceAt" in {n.op_type for n in model.graph}) == (index < 0)
     x = np.random.default_rng(0).standard_normal((2, 1, 10)).astype(np.float32)
