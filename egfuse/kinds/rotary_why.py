@@ -139,7 +139,7 @@ def _halves_stop(g: _Classes, cid: EClass, depth: int = 8) -> str:
     """Where the proof that a table repeats its halves stops: the class below which no rule carried it."""
     for node in g.nodes(cid):
         if node.op in _KEEPS_HALVES and depth > 0:
-            below = view(node).a
+            below = view(node)[0]  # the table the rule carries the fact from (``a``; ``table`` of rows)
             if g.fact("halves_repeat", below) is None:
                 return _halves_stop(g, below, depth - 1)
     return _origin(g, cid, stored="a stored table whose halves differ")

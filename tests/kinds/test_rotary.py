@@ -242,3 +242,16 @@ def test_older_exporters_rotations_fuse(export):
     assert result.report.fused == 2 and result.report.validated is True
     assert len(_rotary_ops(result.model)) == 4
     assert_same_outputs(model, result.model, feeds)
+
+
+def test_a_rotation_the_rules_cannot_prove_is_explained_where_the_proof_stopped():
+    """TorchScript's Llama of 2023-12 with a cache gathers its tables as rows of a table cut outside the region
+    (``cos_cached[:seq_len]`` computed once for the model): the rules cannot carry "halves repeat" past that cut.
+    The rotation stays as written and the report names the step: the table's halves, and what the table comes
+    from (the explanation walks rows/gathers down to it, which once failed on ``rows``' argument names)."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "data" / "drift" / "2023-12" / "llama_past_eager.torchscript.onnx"
+    result = egfuse.fuse(onnx.load(path), target="ort", validate=False)
+    assert result.report.rotary and all(r.status == "not fused" for r in result.report.rotary)
+    assert all("halves are not provably equal (it comes from Slice)" in r.reason for r in result.report.rotary)
