@@ -1,7 +1,7 @@
 """One point of the spelling space, :class:`Variant`, with the hypothesis strategy that draws them and the
 canonical form that counts each spelling once.
 
-The axes themselves are :mod:`~egfuse.testing.axes` (re-exported here), the repair that makes free draws combine
+The axes themselves are :mod:`~egfuse.testing.axes`, the repair that makes free draws combine
 :mod:`~egfuse.testing.repair`.
 """
 
@@ -13,46 +13,12 @@ from dataclasses import asdict, dataclass
 from egfuse.testing.axes import (
     AXES,
     CACHE_READS,
-    CAUSAL,
-    CONCATS,
-    DROPOUTS,
-    DTYPES,
     HEAD_LAYOUTS,
-    K_LAYOUTS,
-    MASKS,
-    MATMULS,
-    QDQ,
     QUERY_BIASES,
-    ROPE_TABLES,
-    SCALES,
-    SIZE_AXES,
-    SOFTCAP,
-    SOFTCAPS,
 )
 from egfuse.testing.repair import compatible
 
-__all__ = [
-    "AXES",
-    "CACHE_READS",
-    "CAUSAL",
-    "CONCATS",
-    "DROPOUTS",
-    "DTYPES",
-    "HEAD_LAYOUTS",
-    "K_LAYOUTS",
-    "MASKS",
-    "MATMULS",
-    "QDQ",
-    "QUERY_BIASES",
-    "ROPE_TABLES",
-    "SCALES",
-    "SIZE_AXES",
-    "SOFTCAP",
-    "SOFTCAPS",
-    "Variant",
-    "canonical",
-    "variants",
-]
+__all__ = ["Variant", "canonical", "variants"]
 
 
 @dataclass(frozen=True)
