@@ -24,7 +24,7 @@ from egfuse.kinds.base import RegionKind
 from egfuse.kinds.regions import Region, _with_outputs, single_consumer
 from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
-from egfuse.writing.region_writer import RegionWriter
+from egfuse.writing.region_writer import ClassReader, RegionWriter
 
 NORM_VOCABULARY = frozenset({"ReduceMean", "Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"})
 """The ops a norm is spelled with."""
@@ -209,14 +209,9 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
 def _why_not(region: Region, writer: RegionWriter) -> str:
     """The first step of :mod:`egfuse.rules.norms` / :mod:`egfuse.rules.gelu` whose term no e-class of the
     region's values holds: read off the saturated e-graph, in the order the rules build the fused form."""
-    class_of = writer.repeats.classes_of(region, writer.class_of)
-
-    def held(value: ir.Value | None) -> set[str]:
-        cid = class_of.get(value) if value is not None else None
-        return {n.op for n in writer.classes.get(cid, [])} if cid is not None else set()
-
-    reached = set().union(*(held(v) for n in region.nodes for v in n.outputs))
-    main = held(region.main_output)
+    g = writer.reader(region)
+    reached = set().union(*(g.ops(v) for n in region.nodes for v in n.outputs))
+    main = g.ops(region.main_output)
     if main & LAYER_OPS:
         return _not_chosen(region, writer, sorted(main & LAYER_OPS))
     anchor = region.anchor
@@ -227,7 +222,7 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     if anchor.op_type == "LayerNormalization":
         return "the norm's input is not a residual sum a skip norm can take (two tensors of the same shape)"
     if not reached & {"normalized", "rms_normalized"}:
-        return _root_why_not(writer, class_of.get(anchor.inputs[0]))
+        return _root_why_not(g, g.of(anchor.inputs[0]))
     return "normalized, but not scaled by a per-feature weight γ (one stored value per feature) and shifted by β"
 
 
@@ -245,23 +240,19 @@ def _not_chosen(region: Region, writer: RegionWriter, proven: list[str]) -> str:
     return f"the rules prove {', '.join(proven)}, but target {target.name!r} prices the ops as written lower"
 
 
-def _root_why_not(writer: RegionWriter, root) -> str:
+def _root_why_not(g: ClassReader, root) -> str:
     """Why √(·) is not a norm's root: no ε added, the mean not the last axis's, ε not a constant ≥ 0."""
-
-    def nodes(cid, op: str) -> list:
-        return [n for n in writer.classes.get(cid, []) if n.op == op] if cid is not None else []
-
-    sums = nodes(root, "add")
+    sums = g.nodes(root, "add")
     if not sums:
         return "the root is not √(mean(·) + ε): no constant ε added to a mean of the last axis"
-    scalars = writer.fact_tables.get("scalar_of", {})
+    scalars = g.writer.fact_tables.get("scalar_of", {})
     for total in sums:
         for mean, eps in ((view(total).a, view(total).b), (view(total).b, view(total).a)):
-            if nodes(mean, "reduce_mean") and scalars.get(eps) is None:
+            if g.nodes(mean, "reduce_mean") and scalars.get(eps) is None:
                 return "ε added to the mean is not a constant"
-            if nodes(mean, "reduce_mean") and scalars[eps] < 0:
+            if g.nodes(mean, "reduce_mean") and scalars[eps] < 0:
                 return f"ε added to the mean is negative ({scalars[eps]:g})"
-    if not any(nodes(view(t).a, "reduce_mean") or nodes(view(t).b, "reduce_mean") for t in sums):
+    if not any(g.nodes(view(t).a, "reduce_mean") or g.nodes(view(t).b, "reduce_mean") for t in sums):
         return "the mean under the root is not over the last axis (a ReduceMean of the last axis, kept)"
     return "the division is not (x − mean x) / √(var x + ε) nor x / √(mean x² + ε) over the last axis"
 

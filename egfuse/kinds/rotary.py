@@ -25,7 +25,7 @@ from egfuse.kinds.rotary_why import RotationValues, variant, why_not
 from egfuse.preparation import functions
 from egfuse.report import RotaryReport, Status
 from egfuse.targets.spec import ROTARY_OPS, TargetSpec
-from egfuse.writing.region_writer import RegionWriter
+from egfuse.writing.region_writer import ClassReader, RegionWriter
 
 
 @dataclass(eq=False)
@@ -166,15 +166,15 @@ def write(region: Region, writer: RegionWriter) -> RotaryReport:
     """The rotation written where extraction chose ``rotary`` for its output, or kept with the reason; its
     entry lists the forms its e-class held, priced."""
     assert isinstance(region, RotaryRegion)
-    class_of = writer.repeats.classes_of(region, writer.class_of)
-    variant_name = variant(region.values, region.spelling, writer, class_of)
+    reader = writer.reader(region)
+    variant_name = variant(region.values, region.spelling, reader)
     entry = RotaryReport(region.index, region.main_output.name or "", Status.NOT_FUSED, variant=variant_name)
     entry.functions = functions.origin([region.anchor], writer.origins)
     main = writer.class_of.get(region.main_output)
     entry.candidates = writer.price(main) if main is not None else []
     chosen = writer.choice[main].node if main is not None and main in writer.choice else None
     if chosen is None or chosen.op not in ROTARY_OPS:
-        entry.reason = _explain(region, writer, main, class_of)
+        entry.reason = _explain(region, writer, main, reader)
         return entry
     if (KIND.name, region.index) in writer.excluded:
         entry.status = Status.ROLLED_BACK
@@ -189,12 +189,12 @@ def write(region: Region, writer: RegionWriter) -> RotaryReport:
     return entry
 
 
-def _explain(region: RotaryRegion, writer: RegionWriter, main, class_of) -> str:
+def _explain(region: RotaryRegion, writer: RegionWriter, main, reader: ClassReader) -> str:
     """Why no ``RotaryEmbedding`` was chosen: the rules proved no rotation (the structural check says where it
     differs from one), or the target has no kernel for it."""
     proven = main is not None and any(n.op in ROTARY_OPS for n in writer.classes.get(main, ()))
     if not proven:
-        return why_not(region.values, region.spelling, writer, class_of)
+        return why_not(region.values, region.spelling, reader)
     dtype = region.main_output.dtype
     kind = np.dtype(dtype.numpy()).name if dtype is not None else "its element type"
     return writer.target.no_rotary or f"onnxruntime has no RotaryEmbedding kernel for {kind}"

@@ -10,14 +10,13 @@ the rules proved, never the graph's spelling: a rotation the rules cannot prove 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx_ir as ir
 
 from egfuse.egraph.enodes import value_index, view
-from egfuse.egraph.session import EClass, ENode
-from egfuse.writing.region_writer import RegionWriter
+from egfuse.egraph.session import EClass
+from egfuse.writing.region_writer import ClassReader
 
 __all__ = ["RotationValues", "variant", "why_not"]
 
@@ -39,27 +38,9 @@ class RotationValues:
     output: ir.Value
 
 
-class _Classes:
-    """The saturated e-graph as the explanation reads it: e-nodes of a value's class, and facts of a class."""
-
-    def __init__(self, writer: RegionWriter, class_of: Mapping[ir.Value, EClass]) -> None:
-        self.writer, self.class_of = writer, class_of
-
-    def of(self, value: ir.Value | None) -> EClass | None:
-        return self.class_of.get(value) if value is not None else None
-
-    def nodes(self, cid: EClass | None, op: str | None = None) -> list[ENode]:
-        found = self.writer.classes.get(cid, []) if cid is not None else []
-        return [n for n in found if op is None or n.op == op]
-
-    def fact(self, name: str, cid: EClass | None):
-        return self.writer.fact_tables.get(name, {}).get(cid) if cid is not None else None
-
-
-def why_not(values: RotationValues, spelling: str, writer: RegionWriter, class_of: Mapping[ir.Value, EClass]) -> str:
-    """The first step of the rotation the rules did not reach, and the fact it lacked (``class_of``: each value's
-    class as the region sees it, a repeat's in its representative's)."""
-    g = _Classes(writer, class_of)
+def why_not(values: RotationValues, spelling: str, g: ClassReader) -> str:
+    """The first step of the rotation the rules did not reach, and the fact it lacked (``g``: the e-graph as
+    the region sees it, :meth:`~egfuse.writing.region_writer.RegionWriter.reader`)."""
     x, why = _rotated_tensor(g, g.of(values.rotated), spelling)
     if x is None:
         return why
@@ -75,10 +56,9 @@ def why_not(values: RotationValues, spelling: str, writer: RegionWriter, class_o
     return "the rules prove no rotation here (a missing identity?)"
 
 
-def variant(values: RotationValues, spelling: str, writer: RegionWriter, class_of: Mapping[ir.Value, EClass]) -> str:
+def variant(values: RotationValues, spelling: str, g: ClassReader) -> str:
     """The report's name for the rotation: its pairing, and how many of x's features it rotates where not all
     (read off the ``rotary`` term the rules proved; the spelling alone where they proved none)."""
-    g = _Classes(writer, class_of)
     proven = g.nodes(g.of(values.output), "rotary")
     if not proven:
         return spelling
@@ -88,7 +68,7 @@ def variant(values: RotationValues, spelling: str, writer: RegionWriter, class_o
     return kind if head is None or width == int(head) else f"{kind}, partial ({width} of {int(head)} features)"
 
 
-def _rotated_tensor(g: _Classes, rotated: EClass | None, spelling: str) -> tuple[EClass | None, str]:
+def _rotated_tensor(g: ClassReader, rotated: EClass | None, spelling: str) -> tuple[EClass | None, str]:
     """x, where rotate(x)'s class holds the rules' rotate of it; else None and why."""
     if spelling == "interleaved":
         for node in g.nodes(rotated, "interleave"):
@@ -110,7 +90,7 @@ def _rotated_tensor(g: _Classes, rotated: EClass | None, spelling: str) -> tuple
     return None, "the swapped halves are not two slices of x's last axis"
 
 
-def _term_why_not(g: _Classes, name: str, term: ir.Value | None, x: EClass, rotated: ir.Value, spelling: str) -> str:
+def _term_why_not(g: ClassReader, name: str, term: ir.Value | None, x: EClass, rotated: ir.Value, spelling: str) -> str:
     """Why ``term`` (x·cos or rotate(x)·sin) holds no rotary term: its table's axis, pairing, or halves."""
     source = g.of(rotated) if name == "sin" else x
     products = [n for n in g.nodes(g.of(term), "mul") if source in (view(n).a, view(n).b)]
@@ -135,7 +115,7 @@ def _term_why_not(g: _Classes, name: str, term: ir.Value | None, x: EClass, rota
     return f"the swapped halves are not x[..., :R/2] and x[..., R/2:] for the {name} table's width"
 
 
-def _halves_stop(g: _Classes, cid: EClass, depth: int = 8) -> str:
+def _halves_stop(g: ClassReader, cid: EClass, depth: int = 8) -> str:
     """Where the proof that a table repeats its halves stops: the class below which no rule carried it."""
     for node in g.nodes(cid):
         if node.op in _KEEPS_HALVES and depth > 0:
@@ -145,7 +125,7 @@ def _halves_stop(g: _Classes, cid: EClass, depth: int = 8) -> str:
     return _origin(g, cid, stored="a stored table whose halves differ")
 
 
-def _origin(g: _Classes, cid: EClass, stored: str = "a stored table") -> str:
+def _origin(g: ClassReader, cid: EClass, stored: str = "a stored table") -> str:
     """What a table's class is, where the rules could carry no fact through it: an input, a stored tensor, or
     what computes it."""
     leaves = [n for n in g.nodes(cid) if n.op == "value"]

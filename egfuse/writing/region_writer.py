@@ -8,6 +8,7 @@ sequence of stages and each kind's module only says how its regions are written.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -25,7 +26,7 @@ from egfuse.targets.spec import FUSED, FusedOp, TargetSpec
 from egfuse.writing.node_builder import replace_output
 from egfuse.writing.raise_ import Emitter
 
-__all__ = ["RegionWriter", "fused_nodes"]
+__all__ = ["ClassReader", "RegionWriter", "fused_nodes"]
 
 
 @dataclass
@@ -84,6 +85,11 @@ class RegionWriter:
         return Emitter(self.graph, self.facts, self._table_of(region), self.classes, self.rank_of, choice,
                        self.target, f"egfuse/{prefix}{region.index}", self.shapes, self.opset)  # fmt: skip
 
+    def reader(self, region) -> ClassReader:
+        """The saturated e-graph as ``region`` sees it (a repeat's values in its representative's classes): what
+        a kind reads to explain why a region stays as written."""
+        return ClassReader(self, self.repeats.classes_of(region, self.class_of))
+
     def write_chosen(self, region, prefix: str) -> FusedOp:
         """A norm's, an activation's or a rotation's extracted op written over its output."""
         main = self.class_of[region.main_output]
@@ -97,6 +103,27 @@ class RegionWriter:
         written = self.target.op_for(self.choice[main].node.op)
         self.opsets.add((written.domain, written.opset))
         return written
+
+
+class ClassReader:
+    """E-nodes of a value's class and facts of a class, read off the saturated e-graph by a region's values."""
+
+    def __init__(self, writer: RegionWriter, class_of: Mapping[ir.Value, EClass]) -> None:
+        self.writer, self.class_of = writer, class_of
+
+    def of(self, value: ir.Value | None) -> EClass | None:
+        return self.class_of.get(value) if value is not None else None
+
+    def nodes(self, cid: EClass | None, op: str | None = None) -> list[ENode]:
+        found = self.writer.classes.get(cid, []) if cid is not None else []
+        return [n for n in found if op is None or n.op == op]
+
+    def ops(self, value: ir.Value | None) -> set[str]:
+        """The constructors ``value``'s class holds (empty where the value has no class)."""
+        return {n.op for n in self.nodes(self.of(value))}
+
+    def fact(self, name: str, cid: EClass | None):
+        return self.writer.fact_tables.get(name, {}).get(cid) if cid is not None else None
 
 
 def fused_nodes(cid: EClass, choice: dict) -> list:
