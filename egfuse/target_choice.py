@@ -1,12 +1,13 @@
 """The target a run fuses for: the registered one named, priced for the execution provider the user runs on,
-optimizing for the sizes given, without RoPE where asked, and without the opset-23 ops where the model's opset
-must stay."""
+with the fused ops the region kinds bring (:func:`egfuse.kinds.registry.offered`), optimizing for the sizes
+given, without RoPE where asked, and without the opset-23 ops where the model's opset must stay."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from egfuse.errors import EgfuseError
+from egfuse.kinds.registry import offered
 from egfuse.targets import for_provider, get_target
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
 
@@ -27,6 +28,7 @@ def for_run(
     whose opset may not be raised keeps the contrib ops only; a target that needs opset 23 is refused then."""
     chosen = for_provider(named, providers)
     priced = chosen is not named  # another provider's costs
+    chosen = offered(chosen)
     if shapes is not None:
         chosen = chosen.for_shapes(shapes)
     if not rotary:

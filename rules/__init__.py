@@ -16,6 +16,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
 * ``norms``     — every spelling of layer and RMS normalization is ``layer_norm`` / ``rms_norm``
 * ``gelu``      — every spelling of the exact GELU is ``gelu`` (√2 divided or 1/√2 multiplied, ½ anywhere)
+* ``tanh_gelu`` — every spelling of the tanh GELU is ``gelu_tanh`` (its own constructors: :data:`CONSTRUCTORS`)
 * ``rotary``    — RoPE (rotate-half or interleaved, full or partial) whose tables are proven to repeat what the
   op reads is ``rotary``
 * ``ort``       — the com.microsoft ops (MultiHeadAttention, packed-QKV Attention) as equal terms
@@ -43,6 +44,7 @@ from egfuse.rules import (
     rotary,
     scale,
     softcap,
+    tanh_gelu,
     windows,
 )
 from egglog import Ruleset, unstable_combine_rulesets
@@ -52,9 +54,13 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
     "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
-    "windows": windows.rules, "groups": groups.rules,
+    "windows": windows.rules, "groups": groups.rules, "tanh_gelu": tanh_gelu.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
+
+CONSTRUCTORS: dict[str, object] = {**tanh_gelu.CONSTRUCTORS}
+"""Constructors a family declares itself (a region kind's fused op and its canonical steps), by name: part of
+the e-graph's language beside :class:`egfuse.egraph.lang.Tensor`'s, read back and viewed like them."""
 
 CORE: Ruleset = unstable_combine_rulesets(*CORE_FAMILIES.values())
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
@@ -98,6 +104,7 @@ def families_of(ruleset: Ruleset) -> tuple[str, ...] | None:
 
 
 __all__ = [
+    "CONSTRUCTORS",
     "CORE",
     "FAMILIES",
     "NAMED",
@@ -120,5 +127,6 @@ __all__ = [
     "ruleset_for",
     "scale",
     "softcap",
+    "tanh_gelu",
     "windows",
 ]  # fmt: skip

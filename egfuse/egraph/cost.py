@@ -18,7 +18,7 @@ from egfuse.analysis.dims import Dim
 from egfuse.egraph.enodes import view
 from egfuse.egraph.session import EClass, ENode
 from egfuse.egraph.shapes import Shape, bound
-from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, ROTARY_OPS, FusedOp, TargetSpec
+from egfuse.targets.spec import RESIDUAL_NORMS, FusedOp, TargetSpec
 
 HALF_TYPES = frozenset({"float16", "bfloat16"})
 
@@ -32,12 +32,6 @@ _LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 """Constructors that raise to more than one node."""
 _FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0, "cos": 10.0, "sin": 10.0}
-_LAYER_FLOPS = {"layer_norm": 8.0, "skip_layer_norm": 9.0, "rms_norm": 6.0, "skip_rms_norm": 7.0, "gelu": 12.0,
-                "bias_gelu": 13.0, "rotary": 3.0}  # fmt: skip
-"""FLOPs an element: a norm's mean, centring, square, variance, scale, shift; GELU's erf (a polynomial); a
-rotation's two products and a sum."""
-_ELEMENTWISE_FUSED = LAYER_OPS | ROTARY_OPS
-"""Fused constructors that read and write one tensor's elements (priced by :data:`_LAYER_FLOPS`)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +115,7 @@ class CostModel:
     def _fused_cost(self, node: ENode, op: FusedOp) -> float | None:
         if not self.value_types <= op.dtypes:
             return None
-        if node.op not in _ELEMENTWISE_FUSED and not self._takes(node, op):
+        if op.flops_per_element is None and not self._takes(node, op):
             return None
         work = self._fused_work(node, op)
         if work is None:
@@ -162,12 +156,13 @@ class CostModel:
     def _fused_work(self, node: ENode, op: FusedOp) -> Work | None:
         """FLOPs of ``Q Kᵀ`` and ``P V`` (plus the projections packed Attention absorbs), bytes of its inputs
         and output — never the (S, T) scores a fused op keeps in registers, unless it is written head by head.
-        A norm reads its input and writes its output once, with a few FLOPs an element."""
-        if node.op in _ELEMENTWISE_FUSED:
+        A norm or an activation reads its input and writes its output once, with a few FLOPs an element (the
+        op's ``flops_per_element``)."""
+        if op.flops_per_element is not None:
             x = self.dims(view(node).x)  # γ and β: one value per feature
             if x is None:
                 return None
-            flops, moved = _LAYER_FLOPS[node.op] * math.prod(x), 2 * math.prod(x) + 2 * x[-1]
+            flops, moved = op.flops_per_element * math.prod(x), 2 * math.prod(x) + 2 * x[-1]
             if node.op in RESIDUAL_NORMS:  # the skip read, the sum written
                 moved += 2 * math.prod(x)
             # A rotation of (B, S, N, H) is the op's 3D form between two Reshapes.

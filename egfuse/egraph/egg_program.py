@@ -105,7 +105,7 @@ def run_commands(raw: bindings.EGraph, commands: tuple[str, ...] | list[str]) ->
 
 # --- making a program through egglog-python ----------------------------------------------------------------
 def _typed_functions() -> dict[str, object]:
-    functions: dict[str, object] = {name: getattr(lang.Tensor, name) for name in constructor_names()}
+    functions = constructors()
     functions.update({fact: getattr(term_facts, fact) for fact in _FACTS})
     return functions
 
@@ -286,8 +286,11 @@ def _remember(ruleset: egglog.Ruleset | None, base: Base, rules: Rules | None) -
         egg_cache.write(path, base, rules)
 
 
-def constructor_names() -> list[str]:
-    """The Tensor constructors, in declaration order."""
+def constructors() -> dict[str, object]:
+    """The language's constructors by name: :class:`~egfuse.egraph.lang.Tensor`'s in declaration order, then those
+    rule families declare for their own region kinds (:data:`egfuse.rules.CONSTRUCTORS`)."""
+    from egfuse.rules import CONSTRUCTORS  # the rules import the language, as this module does: no cycle
+
     decls = lang.Tensor.__egg_decls__
     (cls,) = (c for ident, c in decls._classes.items() if str(ident).endswith(".Tensor"))
-    return list(cls.class_methods)
+    return {**{name: getattr(lang.Tensor, name) for name in cls.class_methods}, **CONSTRUCTORS}

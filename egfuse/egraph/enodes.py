@@ -2,8 +2,9 @@
 
 An :class:`~egfuse.egraph.session.ENode` read back from egglog holds its arguments by position. Every stage after
 extraction (costs, shapes, raising, writers, the report) reads them through :func:`view`, whose field names are
-the constructor's parameter names in :mod:`egfuse.egraph.lang` — read from egglog's own declarations, so the language
-stays the one place that says what each argument is, and renaming a parameter there renames it everywhere.
+the constructor's parameter names in :mod:`egfuse.egraph.lang` (or in a rule family that declares its own) —
+read from egglog's own declarations, so the language stays the one place that says what each argument is, and
+renaming a parameter there renames it everywhere.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 from collections import namedtuple
 from typing import Any
 
-from egfuse.egraph import lang
+from egfuse.egraph import egg_program
 from egfuse.egraph.session import ENode
 
 __all__ = ["fields", "value_index", "view"]
@@ -20,12 +21,11 @@ __all__ = ["fields", "value_index", "view"]
 
 @functools.cache
 def _view_types() -> dict[str, type]:
-    decls = lang.Tensor.__egg_decls__
-    (cls,) = (c for ident, c in decls._classes.items() if str(ident).endswith(".Tensor"))
-    return {
-        name: namedtuple("".join(part.title() for part in name.split("_")), decl.signature.arg_names)
-        for name, decl in cls.class_methods.items()
-    }
+    views = {}
+    for name, constructor in egg_program.constructors().items():
+        decl = constructor.__egg_decls__.get_callable_decl(constructor.__egg_ref__)
+        views[name] = namedtuple("".join(part.title() for part in name.split("_")), decl.signature.arg_names)
+    return views
 
 
 def fields(op: str) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ report treat attention, norms, activations and rotations alike.
 A kind finds its regions in the graph (structurally: the rules decide later what each computes), writes the
 form extraction chose for one of them, or explains why it stays as written. Its regions are lowered into the one
 e-graph, and validation rolls them back by ``(kind name, index)``. A new kind is a module defining one
-:class:`RegionKind` and one line in :data:`egfuse.kinds.KINDS`.
+:class:`RegionKind` and one line in :data:`egfuse.kinds.registry.KINDS`; a kind with a fused op of its own
+declares the op's constructors with its rule family (:data:`egfuse.rules.CONSTRUCTORS`) and offers the op to
+the targets itself (:attr:`RegionKind.offer`).
 """
 
 from __future__ import annotations
@@ -44,3 +46,6 @@ class RegionKind:
     claims_first: bool = False
     """Found before every other kind: its outputs are plain values to the others (a rotation's, read by
     attention), so the nodes it holds stay out of their regions."""
+    offer: Callable[[TargetSpec], TargetSpec] | None = None
+    """The target with the fused ops of this kind's own constructors added (as the target writes a kindred op:
+    the tanh GELU where it writes the exact one): a kind brings its ops, the targets need not list them."""

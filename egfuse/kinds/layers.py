@@ -15,6 +15,8 @@ original on onnxruntime is put back alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
@@ -78,7 +80,7 @@ def _norm(
     back = _backward(sqrt.inputs[0], claimed, facts)
     if not any(n.op_type == "ReduceMean" for n in back):
         return None
-    forward = _forward(sqrt, facts, claimed, _NORM_FORWARD)
+    forward = forward_chain(sqrt, facts, claimed, _NORM_FORWARD)
     members = back | {sqrt} | set(forward)
     for n in forward:
         for value in n.inputs:
@@ -113,22 +115,22 @@ def _residual_norm(norm: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> t
 
 
 def _gelu(erf: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[ir.Node], ir.Value] | None:
-    members = {erf} | _with_constant(erf.inputs[0], _SCALES, facts, claimed)
+    members = {erf} | with_constant(erf.inputs[0], _SCALES, facts, claimed)
     for scaling in list(members - {erf}):  # the input's own bias (a projection's), which BiasGelu adds itself
         x = next(v for v in scaling.inputs if v is not None and facts.const(v) is None)
-        members |= _with_constant(x, ("Add",), facts, claimed)
-    forward = _forward(erf, facts, claimed, _GELU_FORWARD)
+        members |= with_constant(x, ("Add",), facts, claimed)
+    forward = forward_chain(erf, facts, claimed, _GELU_FORWARD)
     if not forward:
         return None
     members |= set(forward)
     for n in forward:  # ½ · x multiplied in: a product of the input with a constant
         for value in n.inputs:
             if value is not None:
-                members |= _with_constant(value, _SCALES, facts, claimed | members)
+                members |= with_constant(value, _SCALES, facts, claimed | members)
     return members, forward[-1].outputs[0]
 
 
-def _with_constant(value: ir.Value, ops: tuple[str, ...], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
+def with_constant(value: ir.Value, ops: tuple[str, ...], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
     """``value``'s producer when it is one of ``ops`` with a constant operand (x / √2, ½ · x, a projection's
     bias), else nothing."""
     node = value.producer()
@@ -168,7 +170,7 @@ def _normalized_input(value: ir.Value) -> bool:
     return not (producer.op_type == "Mul" and producer.inputs[0] is producer.inputs[1])
 
 
-def _forward(start: ir.Node, facts: GraphFacts, claimed: set[ir.Node], ops: frozenset[str]) -> list[ir.Node]:
+def forward_chain(start: ir.Node, facts: GraphFacts, claimed: set[ir.Node], ops: frozenset[str]) -> list[ir.Node]:
     """The chain of single readers after ``start`` among ``ops``, stopping at a sum with a computed value
     (a residual after the norm)."""
     chain: list[ir.Node] = []
@@ -187,14 +189,26 @@ def _forward(start: ir.Node, facts: GraphFacts, claimed: set[ir.Node], ops: froz
 
 def write(region: Region, writer: RegionWriter) -> RegionReport:
     """The region written with its extracted form, or kept with the reason."""
-    entry = RegionReport(region.index, region.name, Status.NOT_FUSED, output=region.main_output.name, kind=KIND.name)
+    return write_one_op(region, writer, KIND.name, LAYER_OPS, _why_not)
+
+
+def write_one_op(
+    region: Region,
+    writer: RegionWriter,
+    kind: str,
+    forms: frozenset[str],
+    why_not: Callable[[Region, RegionWriter], str],
+) -> RegionReport:
+    """A region whose whole computation is one fused op of ``forms`` (a norm, an activation): written where
+    extraction chose one, else kept with ``why_not``'s reason; rolled back where validation excluded it."""
+    entry = RegionReport(region.index, region.name, Status.NOT_FUSED, output=region.main_output.name, kind=kind)
     main = writer.class_of.get(region.main_output)
     chosen = writer.choice[main].node if main is not None and main in writer.choice else None
-    if chosen is None or chosen.op not in LAYER_OPS:
-        entry.reason = _why_not(region, writer)
+    if chosen is None or chosen.op not in forms:
+        entry.reason = why_not(region, writer)
         return entry
-    if (KIND.name, region.index) in writer.excluded:
-        reason, diff = writer.excluded[KIND.name, region.index]
+    if (kind, region.index) in writer.excluded:
+        reason, diff = writer.excluded[kind, region.index]
         entry.status, entry.reason, entry.max_abs_diff = Status.ROLLED_BACK, reason, diff
         return entry
     try:
@@ -213,7 +227,7 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     reached = set().union(*(g.ops(v) for n in region.nodes for v in n.outputs))
     main = g.ops(region.main_output)
     if main & LAYER_OPS:
-        return _not_chosen(region, writer, sorted(main & LAYER_OPS))
+        return not_chosen(region, writer, sorted(main & LAYER_OPS))
     anchor = region.anchor
     if anchor.op_type == "Erf":
         if "gelu_cdf" not in reached:
@@ -226,7 +240,7 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     return "normalized, but not scaled by a per-feature weight γ (one stored value per feature) and shifted by β"
 
 
-def _not_chosen(region: Region, writer: RegionWriter, proven: list[str]) -> str:
+def not_chosen(region: Region, writer: RegionWriter, proven: list[str]) -> str:
     """The rules proved a fused form that extraction did not choose: the target writes no op for it, has no
     kernel for the region's element type, or prices the ops as written lower."""
     target, dtype = writer.target, region.main_output.dtype

@@ -9,10 +9,19 @@ others, so its nodes stay out of their regions.
 
 from __future__ import annotations
 
-from egfuse.kinds import attention, layers, rotary
+from egfuse.kinds import attention, layers, rotary, tanh_gelu
 from egfuse.kinds.base import Entry, RegionKey, RegionKind
+from egfuse.targets.spec import TargetSpec
 
-KINDS: tuple[RegionKind, ...] = (attention.KIND, layers.KIND, rotary.KIND)
+KINDS: tuple[RegionKind, ...] = (attention.KIND, layers.KIND, tanh_gelu.KIND, rotary.KIND)
+
+
+def offered(target: TargetSpec) -> TargetSpec:
+    """``target`` with every kind's own fused ops added (:attr:`~egfuse.kinds.base.RegionKind.offer`)."""
+    for kind in KINDS:
+        if kind.offer is not None:
+            target = kind.offer(target)
+    return target
 
 
 def finding_order() -> list[RegionKind]:
@@ -20,4 +29,4 @@ def finding_order() -> list[RegionKind]:
     return sorted(KINDS, key=lambda kind: not kind.claims_first)
 
 
-__all__ = ["KINDS", "Entry", "RegionKey", "RegionKind", "finding_order"]
+__all__ = ["KINDS", "Entry", "RegionKey", "RegionKind", "finding_order", "offered"]

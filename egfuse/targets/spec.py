@@ -35,7 +35,8 @@ WRITERS = frozenset({"standard", "multi_head", "packed_qkv", "single_head", "nor
 * ``packed_qkv``  — ``com.microsoft.Attention``: the three projections' weights concatenated into the op
 * ``single_head`` — plain rank-3 ops, one attention per head (SHA): what NPU toolchains compile well
 * ``norm``        — the standard ``LayerNormalization`` (opset 17) or ``RMSNormalization`` (23), last axis
-* ``gelu``        — ``Gelu`` (standard, opset 20, or ``com.microsoft``)
+* ``gelu``        — one activation op on one input (``Gelu``, standard or ``com.microsoft``, ``FastGelu``), or
+  ``BiasGelu`` with its bias
 * ``rotary``      — the standard ``RotaryEmbedding`` (opset 23), 4D or on the merged heads (3D)
 """
 
@@ -74,6 +75,11 @@ class FusedOp:
     broadcasts_batch: bool = False
     """Takes K/V with a batch of 1 for a query with more (a relative-position table read as keys). Fused
     kernels check the batches are equal; per-head MatMuls broadcast."""
+    flops_per_element: float | None = None
+    """Set for an op that reads and writes one tensor's elements (a norm, an activation, a rotation): its FLOPs an
+    element, what the cost model prices it by. None: an attention op, priced by its products."""
+    attributes: tuple[tuple[str, str | int | float], ...] = ()
+    """Attributes written on the op beside those its writer derives (``approximate="tanh"``)."""
     absorbs_cache: bool = True
     """Takes a KV cache's ``Concat(past, new)`` as past_key/past_value in and present outputs (where its writer
     can): onnxruntime's CUDA MultiHeadAttention refuses a cache beside (B, N, T, H) keys ("shall be empty for
@@ -91,22 +97,24 @@ class FusedOp:
         return self.efficiency, self.overhead_us
 
 
-LAYER_NORM = FusedOp("layer_norm", "LayerNormalization", "norm", opset=17)
-RMS_NORM = FusedOp("rms_norm", "RMSNormalization", "norm", opset=STANDARD_ATTENTION_OPSET)
+LAYER_NORM = FusedOp("layer_norm", "LayerNormalization", "norm", opset=17, flops_per_element=8.0)
+RMS_NORM = FusedOp("rms_norm", "RMSNormalization", "norm", opset=STANDARD_ATTENTION_OPSET, flops_per_element=6.0)
 NORM_OPS = (LAYER_NORM, RMS_NORM)
 """Every target writes norms as the standard ops: onnxruntime has kernels for both, and NPU toolchains lower
-them themselves."""
-SKIP_LAYER_NORM = FusedOp("skip_layer_norm", "SkipLayerNormalization", "norm", domain="com.microsoft", opset=1)
-SKIP_RMS_NORM = FusedOp("skip_rms_norm", "SkipSimplifiedLayerNormalization", "norm", domain="com.microsoft", opset=1)
+them themselves. FLOPs an element: a norm's mean, centring, square, variance, scale and shift."""
+SKIP_LAYER_NORM = FusedOp("skip_layer_norm", "SkipLayerNormalization", "norm", domain="com.microsoft", opset=1,
+                          flops_per_element=9.0)  # fmt: skip
+SKIP_RMS_NORM = FusedOp("skip_rms_norm", "SkipSimplifiedLayerNormalization", "norm", domain="com.microsoft", opset=1,
+                        flops_per_element=7.0)  # fmt: skip
 """onnxruntime's residual sum and layer norm in one kernel."""
-GELU = FusedOp("gelu", "Gelu", "gelu", opset=20)
-GELU_CONTRIB = FusedOp("gelu", "Gelu", "gelu", domain="com.microsoft", opset=1)
-BIAS_GELU = FusedOp("bias_gelu", "BiasGelu", "gelu", domain="com.microsoft", opset=1)
+GELU = FusedOp("gelu", "Gelu", "gelu", opset=20, flops_per_element=12.0)
+GELU_CONTRIB = FusedOp("gelu", "Gelu", "gelu", domain="com.microsoft", opset=1, flops_per_element=12.0)
+BIAS_GELU = FusedOp("bias_gelu", "BiasGelu", "gelu", domain="com.microsoft", opset=1, flops_per_element=13.0)
 """onnxruntime's own Gelu runs on a model at any opset (the standard one needs opset 20); its BiasGelu adds a
-projection's bias in the same kernel."""
-ROTARY = FusedOp("rotary", "RotaryEmbedding", "rotary", opset=STANDARD_ATTENTION_OPSET)
+projection's bias in the same kernel. FLOPs an element: erf's polynomial, the products."""
+ROTARY = FusedOp("rotary", "RotaryEmbedding", "rotary", opset=STANDARD_ATTENTION_OPSET, flops_per_element=3.0)
 """Took 0.35-0.78× the time of the rotate-half subgraph on onnxruntime's CPU and 0.54-0.84× of
-``com.microsoft.RotaryEmbedding``'s (experiments/bench_rotary.py)."""
+``com.microsoft.RotaryEmbedding``'s (experiments/bench_rotary.py). FLOPs an element: two products and a sum."""
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,15 @@ def _skip_layer_norm(node: ENode, e: EmitterProtocol, op: FusedOp, x: ir.Value, 
 
 
 def gelu(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
-    """``gelu`` as ``Gelu`` (exact: no ``approximate`` attribute), standard from opset 20 or onnxruntime's;
-    ``bias_gelu`` as ``BiasGelu``, whose bias must be one value per feature of the last axis."""
+    """An activation of one input as its op with the op's own attributes: ``gelu`` as ``Gelu`` (exact: no
+    ``approximate`` attribute), standard from opset 20 or onnxruntime's; ``gelu_tanh`` as ``Gelu`` with
+    ``approximate="tanh"`` or ``FastGelu``. ``bias_gelu`` as ``BiasGelu``, whose bias must be one value per
+    feature of the last axis."""
     _check_opset(e, op)
     a = view(node)
     x = e.value(a.x)
     if node.op != "bias_gelu":
-        return e.node(op.op, [x], {}, op.domain, like=x)
+        return e.node(op.op, [x], dict(op.attributes), op.domain, like=x)
     _check_per_feature(e, a.x, x, [a.bias])
     return e.node(op.op, [x, e.value(a.bias)], {}, op.domain, like=x)
 
