@@ -150,6 +150,12 @@ class _Found:
         return [(name, region) for name, regions in self.by_kind.items() for region in regions]
 
 
+def _families(found: _Found, target: TargetSpec) -> tuple[str, ...]:
+    """The rule families beyond the core: the target's, and those of each kind the model has regions of."""
+    kinds = tuple(f for kind in KINDS if found.by_kind.get(kind.name) for f in kind.rule_families)
+    return tuple(dict.fromkeys((*target.rule_families, *kinds)))
+
+
 def _extracted(
     found: _Found,
     graph: ir.Graph,
@@ -165,7 +171,7 @@ def _extracted(
     """Every distinct region lowered into one e-graph, saturated, read back and extracted under the target's
     costs: the state writing needs (``rollback``: the regions excluded, the forms banned, the functions the
     nodes came from)."""
-    ruleset = ruleset_for(target.rule_families)
+    ruleset = ruleset_for(_families(found, target))
     certifier = Certifier(facts, opset, ruleset, budgets.max_iterations)
     repeats = find_repeats(found.kinds(), certifier.lower, facts, solve_once=solve_once)
     session = Session()

@@ -5,18 +5,20 @@ GPT-2's ``gelu_new``, BLOOM's, Gemma's ``gelu_pytorch_tanh``, Keras' ``gelu(appr
 or ``x · x²``, the polynomial expanded (``x + a·x³``) or factored (``x · (1 + a·x²)``), √(2/π) outside the
 polynomial or multiplied into ``x`` first, and ½ anywhere — as the exact GELU's family
 (:mod:`egfuse.rules.gelu`) has it. Each step is one identity onto a canonical term of this family's own
-(``cube``, ``gelu_tanh_poly``, ``gelu_tanh_arg``, ``gelu_tanh_cdf``), so the spellings meet there instead of
-being listed whole. The constants are the model's, equal to the exact ones up to their rounding in its type.
+(``square``, ``cube``, ``gelu_tanh_quad``, ``gelu_tanh_poly``, ``gelu_tanh_arg``, ``gelu_tanh_cdf``), so the
+spellings meet there instead of being listed whole. The two constants are the model's, equal to the exact ones
+up to their rounding in its type, recognised once each (``cubic_coefficient``, ``root_two_over_pi``).
 
 The family declares its constructors itself (:data:`CONSTRUCTORS`): the language's sort is shared, the names
-are this family's, and :mod:`egfuse.kinds.tanh_gelu` is the one region kind that reads them.
+are this family's, and :mod:`egfuse.kinds.tanh_gelu` is the one region kind that reads them. It is not a core
+family: the ruleset holds it only for a model with tanh GELU regions (``RegionKind.rule_families``).
 """
 
 from __future__ import annotations
 
 import math
 
-from egglog import eq, f64, function, i64, rewrite, ruleset
+from egglog import eq, f64, function, i64, relation, rewrite, rule, ruleset
 
 from egfuse.egraph.lang import Tensor
 from egfuse.egraph.term_facts import dtype_of, scalar_of
@@ -41,6 +43,11 @@ def cube(x: Tensor) -> Tensor:
 
 
 @function
+def gelu_tanh_quad(x: Tensor) -> Tensor:
+    """``1 + 0.044715 · x²``: the polynomial's bracket where it is factored, ``x · (1 + a·x²)``."""
+
+
+@function
 def gelu_tanh_poly(x: Tensor) -> Tensor:
     """``x + 0.044715 · x³``."""
 
@@ -61,10 +68,16 @@ def gelu_tanh(x: Tensor) -> Tensor:
 
 
 CONSTRUCTORS = {
-    "square": square, "cube": cube, "gelu_tanh_poly": gelu_tanh_poly, "gelu_tanh_arg": gelu_tanh_arg,
-    "gelu_tanh_cdf": gelu_tanh_cdf, "gelu_tanh": gelu_tanh,
+    "square": square, "cube": cube, "gelu_tanh_quad": gelu_tanh_quad, "gelu_tanh_poly": gelu_tanh_poly,
+    "gelu_tanh_arg": gelu_tanh_arg, "gelu_tanh_cdf": gelu_tanh_cdf, "gelu_tanh": gelu_tanh,
 }  # fmt: skip
 """This family's constructors by name: what the e-graph reads back and the cost model and writers key on."""
+
+
+cubic_coefficient = relation("tanh_gelu_cubic_coefficient", Tensor)
+"""A constant holding 0.044715 in its type's precision."""
+root_two_over_pi = relation("tanh_gelu_root_two_over_pi", Tensor)
+"""A constant holding √(2/π) in its type's precision."""
 
 
 def _near(c: Tensor, f: f64, exact: float):
@@ -76,7 +89,12 @@ def _near(c: Tensor, f: f64, exact: float):
 
 
 @ruleset
-def rules(x: Tensor, a: Tensor, c: Tensor, k: Tensor, one: Tensor, half: Tensor, f: f64, g: f64):
+def rules(x: Tensor, a: Tensor, c: Tensor, k: Tensor, one: Tensor, half: Tensor, f: f64):
+    # The two constants, recognised once each (in the model's precision) and matched by name below.
+    for near in _near(a, f, CUBIC):
+        yield rule(*near).then(cubic_coefficient(a))
+    for near in _near(c, f, SQRT_2_OVER_PI):
+        yield rule(*near).then(root_two_over_pi(c))
     # Powers: x² and x³ as Pow or as products, in either association.
     yield rewrite(Tensor.mul(x, x)).to(square(x))
     yield rewrite(Tensor.pow(x, k)).to(square(x), scalar_of(k) == f64(2.0))
@@ -89,24 +107,18 @@ def rules(x: Tensor, a: Tensor, c: Tensor, k: Tensor, one: Tensor, half: Tensor,
     yield rewrite(Tensor.mul(x, Tensor.mul(x, a))).to(Tensor.mul(square(x), a), is_scalar)
     yield rewrite(Tensor.mul(Tensor.mul(square(x), a), x)).to(Tensor.mul(cube(x), a), is_scalar)
     yield rewrite(Tensor.mul(x, Tensor.mul(square(x), a))).to(Tensor.mul(cube(x), a), is_scalar)
+    # The polynomial expanded, x + a·x³, or factored, x · (1 + a·x²) (graph constants come second).
+    yield rewrite(Tensor.add(x, Tensor.mul(cube(x), a))).to(gelu_tanh_poly(x), cubic_coefficient(a))
+    yield rewrite(Tensor.add(Tensor.mul(cube(x), a), x)).to(gelu_tanh_poly(x), cubic_coefficient(a))
     is_one = scalar_of(one) == f64(1.0)
-    for near_cubic in _near(a, f, CUBIC):
-        # The polynomial expanded, x + a·x³, or factored, x · (1 + a·x²).
-        yield rewrite(Tensor.add(x, Tensor.mul(cube(x), a))).to(gelu_tanh_poly(x), *near_cubic)
-        yield rewrite(Tensor.add(Tensor.mul(cube(x), a), x)).to(gelu_tanh_poly(x), *near_cubic)
-        for bracket in (Tensor.add(Tensor.mul(square(x), a), one), Tensor.add(one, Tensor.mul(square(x), a))):
-            yield rewrite(Tensor.mul(x, bracket)).to(gelu_tanh_poly(x), *near_cubic, is_one)
-            yield rewrite(Tensor.mul(bracket, x)).to(gelu_tanh_poly(x), *near_cubic, is_one)
-            # √(2/π) multiplied into x before the bracket: (x · c) · (1 + a·x²) = c · poly(x). The condition on c
-            # is the next rule's, so this is the only product of x · c the family rewrites.
-            for near_root in _near(c, g, SQRT_2_OVER_PI):
-                yield rewrite(Tensor.mul(Tensor.mul(x, c), bracket)).to(
-                    gelu_tanh_arg(x), *near_cubic, is_one, *near_root
-                )
-    for near_root in _near(c, f, SQRT_2_OVER_PI):
-        yield rewrite(Tensor.mul(gelu_tanh_poly(x), c)).to(gelu_tanh_arg(x), *near_root)
+    yield rewrite(Tensor.add(Tensor.mul(square(x), a), one)).to(gelu_tanh_quad(x), cubic_coefficient(a), is_one)
+    yield rewrite(Tensor.mul(x, gelu_tanh_quad(x))).to(gelu_tanh_poly(x))
+    yield rewrite(Tensor.mul(gelu_tanh_quad(x), x)).to(gelu_tanh_poly(x))
+    # √(2/π) outside the polynomial, or multiplied into x before the bracket: (x · c) · (1 + a·x²) = c · poly(x).
+    yield rewrite(Tensor.mul(gelu_tanh_poly(x), c)).to(gelu_tanh_arg(x), root_two_over_pi(c))
+    yield rewrite(Tensor.mul(Tensor.mul(x, c), gelu_tanh_quad(x))).to(gelu_tanh_arg(x), root_two_over_pi(c))
+    yield rewrite(Tensor.mul(gelu_tanh_quad(x), Tensor.mul(x, c))).to(gelu_tanh_arg(x), root_two_over_pi(c))
     yield rewrite(Tensor.add(Tensor.tanh(gelu_tanh_arg(x)), one)).to(gelu_tanh_cdf(x), is_one)
-    yield rewrite(Tensor.add(one, Tensor.tanh(gelu_tanh_arg(x)))).to(gelu_tanh_cdf(x), is_one)
     # ½ applied last, to x first, or to the bracket first; or a division by 2 last (the exact GELU's orders).
     is_half = scalar_of(half) == f64(0.5)
     cdf = gelu_tanh_cdf(x)

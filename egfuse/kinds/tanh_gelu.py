@@ -151,16 +151,21 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     if FORM in g.ops(region.main_output):
         return not_chosen(region, writer, [FORM])
     reached = set().union(*(g.ops(v) for n in region.nodes for v in n.outputs))
-    steps = (
-        ("cube", "tanh's argument holds no x³ (Pow(x, 3), x·x·x or x·x²)"),
-        ("gelu_tanh_poly", "x³ is not added to x with the coefficient 0.044715 (x + a·x³ or x·(1 + a·x²))"),
-        ("gelu_tanh_arg", "the polynomial x + 0.044715·x³ is not multiplied by √(2/π)"),
-        ("gelu_tanh_cdf", "1 is not added to tanh(√(2/π)·(x + 0.044715·x³))"),
+    steps = (  # each step's canonical terms (a factored polynomial skips gelu_tanh_poly), then what is missing
+        ({"square", "cube"}, "tanh's argument holds no x³ (Pow(x, 3), x·x·x) nor x²"),
+        (
+            {"gelu_tanh_quad", "gelu_tanh_poly"},
+            "x³ is not added to x with the coefficient 0.044715 (x + a·x³ or x·(1 + a·x²))",
+        ),
+        ({"gelu_tanh_arg"}, "the polynomial x + 0.044715·x³ is not multiplied by √(2/π)"),
+        ({"gelu_tanh_cdf"}, "1 is not added to tanh(√(2/π)·(x + 0.044715·x³))"),
     )
-    last = max((i for i, (form, _) in enumerate(steps) if form in reached), default=-1)  # steps may be skipped
+    last = max((i for i, (forms, _) in enumerate(steps) if forms & reached), default=-1)
     if last + 1 < len(steps):
         return steps[last + 1][1]
     return "the bracket 1 + tanh(…) is not multiplied by x and ½ (in any order)"
 
 
-KIND = RegionKind(name="tanh_gelu", report_list="layer_ops", find=find, write=write, offer=offer)
+KIND = RegionKind(
+    name="tanh_gelu", report_list="layer_ops", find=find, write=write, rule_families=("tanh_gelu",), offer=offer
+)
