@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
 from egfuse.egraph.enodes import view
+from egfuse.kinds.activation_walk import activation_forward, with_constant
 from egfuse.kinds.base import RegionKind
 from egfuse.kinds.regions import Region, _with_outputs, single_consumer
 from egfuse.report import RegionReport, Status
@@ -32,7 +33,6 @@ NORM_VOCABULARY = frozenset({"ReduceMean", "Sub", "Pow", "Mul", "Div", "Add", "S
 """The ops a norm is spelled with."""
 _MAX_DEPTH = 8
 _NORM_FORWARD = frozenset({"Div", "Reciprocal", "Mul", "Add", "Cast"})
-_GELU_FORWARD = frozenset({"Add", "Mul", "Div"})
 _SCALES = ("Mul", "Div")
 
 
@@ -116,10 +116,11 @@ def _residual_norm(norm: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> t
 
 def _gelu(erf: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[ir.Node], ir.Value] | None:
     members = {erf} | with_constant(erf.inputs[0], _SCALES, facts, claimed)
+    x = erf.inputs[0]
     for scaling in list(members - {erf}):  # the input's own bias (a projection's), which BiasGelu adds itself
         x = next(v for v in scaling.inputs if v is not None and facts.const(v) is None)
         members |= with_constant(x, ("Add",), facts, claimed)
-    forward = forward_chain(erf, facts, claimed, _GELU_FORWARD)
+    forward = activation_forward(erf, x, facts, claimed)
     if not forward:
         return None
     members |= set(forward)
@@ -128,15 +129,6 @@ def _gelu(erf: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[i
             if value is not None:
                 members |= with_constant(value, _SCALES, facts, claimed | members)
     return members, forward[-1].outputs[0]
-
-
-def with_constant(value: ir.Value, ops: tuple[str, ...], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
-    """``value``'s producer when it is one of ``ops`` with a constant operand (x / √2, ½ · x, a projection's
-    bias), else nothing."""
-    node = value.producer()
-    if node is None or node in claimed or node.op_type not in ops or node.domain not in ("", "ai.onnx"):
-        return set()
-    return {node} if any(v is not None and facts.const(v) is not None for v in node.inputs) else set()
 
 
 def _backward(start: ir.Value, claimed: set[ir.Node], facts: GraphFacts) -> set[ir.Node]:

@@ -15,8 +15,9 @@ from dataclasses import replace
 import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
+from egfuse.kinds.activation_walk import activation_forward, with_constant
 from egfuse.kinds.base import RegionKind
-from egfuse.kinds.layers import not_chosen, with_constant, write_one_op
+from egfuse.kinds.layers import not_chosen, write_one_op
 from egfuse.kinds.regions import Region, _with_outputs, single_consumer
 from egfuse.report import RegionReport
 from egfuse.targets.spec import FusedOp, TargetSpec
@@ -72,7 +73,7 @@ def _region(tanh: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[se
     if len(inputs) != 1:
         return None
     (x,) = inputs
-    forward = _forward(tanh, x, facts, claimed)
+    forward = activation_forward(tanh, x, facts, claimed)
     if not forward or forward[0].op_type != "Add" or not any(n.op_type == "Mul" for n in forward):
         return None
     members = {tanh, *argument, *forward}
@@ -102,41 +103,6 @@ def _argument(tanh: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[
             nodes.add(node)
             frontier.extend((v, depth + 1) for v in node.inputs)
     return nodes, inputs
-
-
-def _forward(tanh: ir.Node, x: ir.Value, facts: GraphFacts, claimed: set[ir.Node]) -> list[ir.Node]:
-    """The single readers after ``tanh``: sums and products with constants, products with ``x`` or with
-    ``x`` times a constant — never with another computed value (a gated unit's other half stays out)."""
-    chain: list[ir.Node] = []
-    value = tanh.outputs[0]
-    for _ in range(4):
-        nxt = single_consumer(value)
-        if nxt is None or nxt in claimed or nxt.op_type not in ("Add", "Mul", "Div"):
-            break
-        if nxt.domain not in ("", "ai.onnx"):
-            break
-        others = [v for v in nxt.inputs if v is not value]
-        if not all(v is not None and _is_x_side(v, x, nxt, facts) for v in others):
-            break
-        chain.append(nxt)
-        value = nxt.outputs[0]
-    return chain
-
-
-def _is_x_side(value: ir.Value, x: ir.Value, reader: ir.Node, facts: GraphFacts) -> bool:
-    if facts.const(value) is not None:
-        return True
-    if reader.op_type != "Mul":
-        return False
-    if value is x:
-        return True
-    producer = value.producer()
-    return (
-        producer is not None
-        and producer.op_type == "Mul"
-        and x in producer.inputs
-        and all(v is x or (v is not None and facts.const(v) is not None) for v in producer.inputs)
-    )
 
 
 def write(region: Region, writer: RegionWriter) -> RegionReport:

@@ -66,10 +66,16 @@ WIDTH = 16
 
 
 def gelu_model(
-    *, scaling: str = "div", order: str = "half_last", constant: float = math.sqrt(2.0), bias: bool = False
+    *,
+    scaling: str = "div",
+    order: str = "half_last",
+    constant: float = math.sqrt(2.0),
+    bias: bool = False,
+    gated: bool = False,
 ) -> onnx.ModelProto:
     """GELU between two MatMuls, spelled as ``scaling`` (x / √2 or x · 1/√2) and ``order`` (where ½ goes);
-    ``bias``: the first MatMul's bias added before it, as a projection with a bias writes it."""
+    ``bias``: the first MatMul's bias added before it, as a projection with a bias writes it; ``gated``: the
+    activation multiplied by a second projection of the input (GEGLU: diffusers' UNet and DiT MLPs)."""
     rng = np.random.default_rng(0)
     scale = constant if scaling == "div" else 1.0 / constant
     inits = [
@@ -79,6 +85,7 @@ def gelu_model(
         onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"),
         onnx.numpy_helper.from_array(rng.standard_normal(WIDTH).astype(np.float32), "b_in"),
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_up"),
     ]
     nodes = [
         helper.make_node("MatMul", ["input", "w_in"], ["h0" if bias else "h"]),
@@ -93,7 +100,9 @@ def gelu_model(
         nodes += [helper.make_node("Mul", ["half", "h"], ["hh"]), helper.make_node("Mul", ["hh", "bracket"], ["g"])]
     else:  # ½ into the bracket
         nodes += [helper.make_node("Mul", ["bracket", "half"], ["bh"]), helper.make_node("Mul", ["bh", "h"], ["g"])]
-    nodes.append(helper.make_node("MatMul", ["g", "w_out"], ["output"]))
+    if gated:
+        nodes += [helper.make_node("MatMul", ["input", "w_up"], ["up"]), helper.make_node("Mul", ["g", "up"], ["gu"])]
+    nodes.append(helper.make_node("MatMul", ["gu" if gated else "g", "w_out"], ["output"]))
     return feature_model(nodes, inits, "gelu", WIDTH)
 
 
@@ -123,6 +132,18 @@ def test_gelu_spellings_fuse_and_match(scaling, order, target):
     assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated
     assert result.report.fused_ops() == {LABELS[target]: 1}
     assert "Erf" not in {n.op_type for n in result.model.graph.node}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize("order", ["half_last", "half_first", "half_in_bracket"])
+def test_a_gated_units_other_half_stays_out_of_the_gelu(order):
+    """GEGLU, gelu(x W) · (x W_up): the product with the other projection read the GELU's output, so the region
+    once took it in, and its output (the product) was never the GELU the rules proved."""
+    model = gelu_model(order=order, gated=True)
+    result = egfuse.fuse(model, target="onnx")
+    assert result.report.fused_ops() == {"Gelu": 1} and result.report.validated, result.report.layer_ops
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("Mul") == 1 and ops.count("MatMul") == 3
     assert_same_outputs(model, result.model, make_feeds(model))
 
 
