@@ -201,3 +201,20 @@ def test_a_tanh_that_is_not_a_gelu_is_no_region():
     result = egfuse.fuse(model, target="ort")
     assert result.report.layer_ops == []
     assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Tanh"]
+
+
+def test_each_target_writes_the_tanh_gelu_as_it_writes_the_exact_one():
+    """The kind brings its op: the standard Gelu's tanh form beside the standard Gelu (same opset), FastGelu
+    beside onnxruntime's Gelu (not in bfloat16: CUDA was never seen to run it there)."""
+    from egfuse.kinds.registry import offered
+    from egfuse.targets import npu, onnx, ort
+
+    def written(spec):
+        target = offered(spec)
+        return {(op.label, op.opset) for op in (*target.ops, *target.below_opset_ops) if op.constructor == "gelu_tanh"}
+
+    assert written(ort.SPEC) == {("Gelu", 23), ("com.microsoft.FastGelu", 1)}
+    assert written(onnx.SPEC) == written(npu.SPEC) == {("Gelu", 20)}
+    (fast,) = (op for op in offered(ort.CUDA_SPEC).ops if op.constructor == "gelu_tanh")
+    assert fast.label == "com.microsoft.FastGelu" and "bfloat16" not in fast.dtypes
+    assert offered(ort.SPEC).op_for("gelu_tanh").attributes == (("approximate", "tanh"),)
