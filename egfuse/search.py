@@ -29,7 +29,7 @@ from egfuse.kinds.registry import KINDS, finding_order
 from egfuse.lowering.lower import Lowered, Lowerer
 from egfuse.preparation.if_folding import fold_constant_ifs
 from egfuse.preparation.literal_folding import fold_literal_arithmetic
-from egfuse.preparation.prepare import infer_shapes
+from egfuse.preparation.prepare import functions_at_model_opset, infer_shapes
 from egfuse.preparation.sequences import concat_sequences, split_sequence_items
 from egfuse.repeats import NotRenamed, find_repeats
 from egfuse.report import RegionKey, Report
@@ -105,6 +105,8 @@ def _search(
     if report.changed:
         _cleaned(model, facts, writer.opsets, report, opset)
     out = ir.serde.serialize_model(model)
+    if report.changed and out.functions:
+        functions_at_model_opset(out)  # the opset a written standard op raised, for the functions kept too
     report.nodes_after = len(out.graph.node)
     return out, report
 
@@ -150,12 +152,6 @@ class _Found:
         return [(name, region) for name, regions in self.by_kind.items() for region in regions]
 
 
-def _families(found: _Found, target: TargetSpec) -> tuple[str, ...]:
-    """The rule families beyond the core: the target's, and those of each kind the model has regions of."""
-    kinds = tuple(f for kind in KINDS if found.by_kind.get(kind.name) for f in kind.rule_families)
-    return tuple(dict.fromkeys((*target.rule_families, *kinds)))
-
-
 def _extracted(
     found: _Found,
     graph: ir.Graph,
@@ -171,15 +167,18 @@ def _extracted(
     """Every distinct region lowered into one e-graph, saturated, read back and extracted under the target's
     costs: the state writing needs (``rollback``: the regions excluded, the forms banned, the functions the
     nodes came from)."""
-    ruleset = ruleset_for(_families(found, target))
+    ruleset = ruleset_for(target.rule_families)
     certifier = Certifier(facts, opset, ruleset, budgets.max_iterations)
     repeats = find_repeats(found.kinds(), certifier.lower, facts, solve_once=solve_once)
     session = Session()
-    session.register(ruleset)
-    session.egraph.push()  # the terms above the rules: popped once read back, the certificates reuse the rules
     lowerer = Lowerer(facts, session.names, opset)
     for region in repeats.representatives:
         lowerer.lower(region)
+    # Only the rules that can fire on these terms, or on any region's alone (its certificate's e-graph).
+    alone = (c for lowered in repeats.lowered.values() for c in lowered.commands)
+    session.register(ruleset, session.constructors_in([*lowerer.table.commands, *alone]))
+    report.stats["rules_loaded"] = session.rules_loaded
+    session.egraph.push()  # the terms above the rules: popped once read back, the certificates reuse the rules
     session.add(lowerer.table.commands)
     _saturate(session, ruleset, budgets, report, len(found.attention))
     classes, fact_tables = session.freeze()

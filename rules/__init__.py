@@ -54,7 +54,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
     "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
-    "windows": windows.rules, "groups": groups.rules,
+    "windows": windows.rules, "groups": groups.rules, "tanh_gelu": tanh_gelu.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
@@ -65,10 +65,9 @@ the e-graph's language beside :class:`egfuse.egraph.lang.Tensor`'s, read back an
 CORE: Ruleset = unstable_combine_rulesets(*CORE_FAMILIES.values())
 """Target-independent: every spelling of attention lands in one e-class with ``attend``."""
 
-FAMILIES: dict[str, Ruleset] = {"ort": ort.rules, "tanh_gelu": tanh_gelu.rules}
-"""Rule families beyond the core, in the ruleset only where asked for: by a target (``TargetSpec.rule_families``:
-forms only its ops take) or by a region kind whose regions the model has (``RegionKind.rule_families``: a
-model without a tanh GELU saturates without its rules)."""
+FAMILIES: dict[str, Ruleset] = {"ort": ort.rules}
+"""Rule families a target may ask for beyond the core (``TargetSpec.rule_families``): forms only its ops take.
+(Whatever the families, an e-graph loads only the rules that can fire on its terms: :mod:`egfuse.egraph.rule_reach`.)"""
 
 NAMED: dict[str, Ruleset] = {**CORE_FAMILIES, **FAMILIES}
 """Every family by the name its rules carry."""

@@ -10,8 +10,7 @@ spellings meet there instead of being listed whole. The two constants are the mo
 up to their rounding in its type, recognised once each (``cubic_coefficient``, ``root_two_over_pi``).
 
 The family declares its constructors itself (:data:`CONSTRUCTORS`): the language's sort is shared, the names
-are this family's, and :mod:`egfuse.kinds.tanh_gelu` is the one region kind that reads them. It is not a core
-family: the ruleset holds it only for a model with tanh GELU regions (``RegionKind.rule_families``).
+are this family's, and :mod:`egfuse.kinds.tanh_gelu` is the one region kind that reads them.
 """
 
 from __future__ import annotations

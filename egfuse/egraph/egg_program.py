@@ -21,6 +21,7 @@ read back as the same commands (printed again, the same text) before it is used 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ def run_commands(raw: bindings.EGraph, commands: tuple[str, ...] | list[str]) ->
 
 # --- making a program through egglog-python ----------------------------------------------------------------
 def _typed_functions() -> dict[str, object]:
-    functions = constructors()
+    functions = dict(constructors())
     functions.update({fact: getattr(term_facts, fact) for fact in _FACTS})
     return functions
 
@@ -286,6 +287,7 @@ def _remember(ruleset: egglog.Ruleset | None, base: Base, rules: Rules | None) -
         egg_cache.write(path, base, rules)
 
 
+@functools.cache
 def constructors() -> dict[str, object]:
     """The language's constructors by name: :class:`~egfuse.egraph.lang.Tensor`'s in declaration order, then those
     rule families declare for their own region kinds (:data:`egfuse.rules.CONSTRUCTORS`)."""

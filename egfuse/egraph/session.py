@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import egglog
 from egglog import bindings
 
-from egfuse.egraph import egg_cache, egg_program
-from egfuse.egraph.egg_program import egg_names, flat_declarations
+from egfuse.egraph import egg_cache, egg_program, rule_reach
+from egfuse.egraph.egg_program import REF, egg_names, flat_declarations
 
 __all__ = ["EClass", "ENode", "RunStats", "Session", "egg_names", "flat_declarations"]
 
@@ -67,6 +67,8 @@ class Session:
         self._rule_names_of: dict[str, str] = {}
         self._run_command: bindings._Command | None = None
         self._added = False
+        self.rules_loaded: int | None = None
+        """Rules this session loaded (None: all, through egglog-python)."""
 
     def _use(self, egraph: egglog.EGraph, base: egg_cache.Base) -> None:
         self.egraph = egraph
@@ -98,10 +100,19 @@ class Session:
             return False
         return True
 
+    def _constructors(self) -> frozenset[str]:
+        return frozenset(self.names[name] for name in egg_program.constructors() if name in self.names) | {REF}
+
+    def constructors_in(self, commands: list[str]) -> set[str]:
+        """The constructors (egglog names) ``commands`` call: what :meth:`register` keeps the rules for."""
+        return rule_reach.constructors_in(commands, self._constructors())
+
     # --- saturation ------------------------------------------------------------------------------------------
-    def register(self, ruleset: egglog.Ruleset) -> None:
+    def register(self, ruleset: egglog.Ruleset, present: set[str] | None = None) -> None:
         """Loads the rules now rather than on the first run: a session pushed before its terms and popped after
-        keeps them for the next use. One ruleset a session. Replayed from their text where it is known;
+        keeps them for the next use. One ruleset a session. Replayed from their text where it is known —
+        given the constructors the terms to come are made of (``present``, egglog names:
+        :meth:`constructors_in`), only the rules that can fire on them (:mod:`egfuse.egraph.rule_reach`);
         otherwise loaded through egglog-python (into a fresh e-graph, which this session takes where nothing was
         added to its own yet), as every later session's text."""
         if self._ruleset is ruleset:
@@ -112,7 +123,11 @@ class Session:
         if found is not None:
             rules = found[1]
             assert rules is not None
-            egg_program.run_commands(self._raw, rules.commands)
+            commands = rules.commands
+            if present is not None:
+                commands = rule_reach.firing(commands, self._constructors(), present)
+            self.rules_loaded = sum(rule_reach.is_rule(c) for c in commands)
+            egg_program.run_commands(self._raw, commands)
             self._rule_names_of = rules.rule_names
         else:
             made = egg_program.make(ruleset)

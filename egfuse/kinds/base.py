@@ -46,9 +46,6 @@ class RegionKind:
     claims_first: bool = False
     """Found before every other kind: its outputs are plain values to the others (a rotation's, read by
     attention), so the nodes it holds stay out of their regions."""
-    rule_families: tuple[str, ...] = ()
-    """Rule families (:data:`egfuse.rules.FAMILIES`) only this kind's regions need: saturated with the rest where
-    the model has regions of this kind, left out of the ruleset (and of its cost) where it has none."""
     offer: Callable[[TargetSpec], TargetSpec] | None = None
     """The target with the fused ops of this kind's own constructors added (as the target writes a kindred op:
     the tanh GELU where it writes the exact one): a kind brings its ops, the targets need not list them."""

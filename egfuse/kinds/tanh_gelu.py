@@ -132,6 +132,4 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
     return "the bracket 1 + tanh(…) is not multiplied by x and ½ (in any order)"
 
 
-KIND = RegionKind(
-    name="tanh_gelu", report_list="layer_ops", find=find, write=write, rule_families=("tanh_gelu",), offer=offer
-)
+KIND = RegionKind(name="tanh_gelu", report_list="layer_ops", find=find, write=write, offer=offer)

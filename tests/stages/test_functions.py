@@ -128,6 +128,20 @@ def test_functions_stay_functions_where_the_opset_is_converted():
     assert_same_outputs(model, result.model, feeds)
 
 
+def test_functions_beside_a_renumbered_opset_are_converted_with_it():
+    """``ort`` writing the standard Attention raises a dynamo export to opset 23; where onnx's converter changes
+    no node of the graph, the model is only renumbered — and its local functions, still importing opset 18, were
+    left so: onnxruntime ran the result, onnx's checker refused it. Every function now imports the model's."""
+    path = DATA / "drift" / "2025-02" / "distilbert_sdpa.dynamo.onnx"
+    result = egfuse.fuse(str(path), target="ort")
+    assert result.report.validated is True and result.report.fused_ops().get("Attention") == 2, str(result.report)
+    assert {e.domain: e.version for e in result.model.opset_import}[""] == 23
+    assert all({e.domain: e.version for e in f.opset_import}.get("", 23) == 23 for f in result.model.functions)
+    onnx.checker.check_model(result.model, full_check=True)
+    original = onnx.load(str(path))
+    assert_same_outputs(original, result.model, dict(np.load(str(path).replace(".onnx", ".feeds.npz"))))
+
+
 # --- reasons and the loud report --------------------------------------------------------------------------
 
 
