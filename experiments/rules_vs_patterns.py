@@ -61,13 +61,13 @@ TARGET = "ort"
 
 CUMULATIVE_ORDER: tuple[str, ...] = (
     "facts", "commute", "layout", "attention", "scale", "masks", "precision", "softcap", "clamp", "heads",
-    "heads.weights", "windows", "groups", "qbias", "pieces", "norms", "gelu", "rotary",
+    "heads.weights", "windows", "groups", "qbias", "pieces", "norms", "gelu", "tanh_gelu", "rotary",
 )  # fmt: skip
 """The order families are added in for the cumulative curve: what others read first (facts: the conditions;
 commute: the canonical operand order every pattern assumes; layout), then the identity itself (``attention``),
 then the spellings around it — scale, masks, precision, soft-capping, clamps, folded heads (and the weights
 fact they need), windows and grouped heads, query-dependent biases, attention in pieces; last the norm and GELU
-families (issue 19) and RoPE's, which no attention spelling needs: their rows show that (the RoPE column counts
+families (issue 19; the tanh GELU's, issue 36) and RoPE's, which no attention spelling needs: their rows show that (the RoPE column counts
 the rotations fused)."""
 
 ONNXSCRIPT_FUSIONS = (

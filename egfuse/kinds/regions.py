@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
+from egfuse.kinds.values import constant, is_weight, normalized
 
 PIECES = frozenset({"Concat", "Slice", "Split", "Squeeze"})
 """Ops that also compute shapes (integer tensors); in a region only where they carry attention's floats: a KV
@@ -71,24 +72,10 @@ def is_inference_dropout(node: ir.Node, facts: GraphFacts | None = None) -> bool
         return False
     training = node.inputs[2] if len(node.inputs) > 2 else None
     if training is not None:
-        flag = _constant(training, facts)
+        flag = constant(training, facts)
         if flag is None or bool(flag.any()):
             return False
     return len(node.outputs) < 2 or not (node.outputs[1].uses() or node.outputs[1].is_graph_output())
-
-
-def _constant(value: ir.Value, facts: GraphFacts | None):
-    """``value``'s constant array, from the value itself, its ``Constant`` producer or ``facts``."""
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    node = value.producer()
-    if node is not None and node.op_type == "Constant" and "value" in node.attributes:
-        return node.attributes["value"].value.numpy()
-    return facts.const(value) if facts is not None else None
-
-
-def _is_weight(value: ir.Value | None) -> bool:
-    return value is not None and value.const_value is not None and value.producer() is None
 
 
 def reads_type_only(node: ir.Node, value: ir.Value) -> bool:
@@ -183,8 +170,10 @@ def _backward(starts: list[ir.Value], claimed: set[ir.Node]) -> set[ir.Node]:
             continue
         if node.op_type in PIECES and not _is_float(node.outputs[0]):
             continue
+        if normalized(value):
+            continue  # a Q/K norm's output (Flux, SD3, Qwen3): the block starts there, the norm is a region of its own
         found.add(node)
-        if node.op_type in ("MatMul", "Einsum", "Conv") and len(node.inputs) > 1 and _is_weight(node.inputs[1]):
+        if node.op_type in ("MatMul", "Einsum", "Conv") and len(node.inputs) > 1 and is_weight(node.inputs[1]):
             continue  # a projection: its activation input is where the block starts
         for inp in node.inputs:
             if inp is not None:

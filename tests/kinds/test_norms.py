@@ -266,3 +266,19 @@ def test_chained_residual_norms_leave_no_layer_norm_behind():
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("SkipLayerNormalization") == 2 and "LayerNormalization" not in ops and "Add" not in ops
     assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_query_and_key_norm_is_a_norm_region_not_part_of_attention(target):
+    """Flux normalizes Q and K per head (RMSNorm: x · 1/√(mean x² + ε) · γ) between the projection and the
+    scores. Attention's region once took the products in, leaving the norm's region only the root: "the
+    division is not … a norm". The block now starts at a norm's output, as at a projection's."""
+    from ..conftest import DATA, assert_same_outputs
+
+    path = DATA / "producers" / "diffusers" / "flux_fused.dynamo.onnx"
+    result = egfuse.fuse(str(path), target=target)
+    assert result.report.validated and result.report.fused == len(result.report.regions) == 3
+    assert result.report.fused_ops().get("RMSNormalization") == 8, result.report.layer_ops
+    assert all(r.status == "fused" for r in result.report.layer_ops)
+    feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
+    assert_same_outputs(onnx.load(str(path)), result.model, feeds)
