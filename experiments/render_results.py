@@ -22,7 +22,7 @@ RESULTS = ROOT / "experiments" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DOCUMENTS = ("README.md", "paper/egfuse.md", "experiments/README.md")
 """The files whose marked blocks this writes (and tests/interface/test_paper.py checks)."""
-LAYER_FAMILIES = ("norms", "gelu", "rotary")
+LAYER_FAMILIES = ("norms", "gelu", "tanh_gelu", "rotary")
 """Rule families for norms, activations and rotary embeddings: counted, but not attention's."""
 
 
