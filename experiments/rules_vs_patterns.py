@@ -67,8 +67,8 @@ CUMULATIVE_ORDER: tuple[str, ...] = (
 commute: the canonical operand order every pattern assumes; layout), then the identity itself (``attention``),
 then the spellings around it — scale, masks, precision, soft-capping, clamps, folded heads (and the weights
 fact they need), windows and grouped heads, query-dependent biases, attention in pieces; last the norm and GELU
-families (issue 19; the tanh GELU's, issue 36) and RoPE's, which no attention spelling needs: their rows show that (the RoPE column counts
-the rotations fused)."""
+families (issue 19; the tanh GELU's, issue 36) and RoPE's, which no attention spelling needs: their rows show
+that (the RoPE column counts the rotations fused)."""
 
 ONNXSCRIPT_FUSIONS = (
     "onnxscript.rewriter.ort_fusions.sdpa",
