@@ -9,10 +9,7 @@ whose fused outputs disagree with the original on onnxruntime is rolled back and
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from egfuse import progress
 from egfuse.errors import FeedsError
@@ -47,33 +44,6 @@ def fuse(
     the sizes the cost model should choose the fastest form for. ``rotary=False`` leaves RoPE as the graph
     wrote it; ``raise_opset=False`` keeps the model's opset (``ort`` then writes only its contrib ops, and a
     target that needs opset 23 is refused); ``validation`` sets the tolerances and execution providers."""
-    with _callers_objects_frozen():
-        return _fuse(model, target, validate, feeds, budgets, shapes, rotary, raise_opset, validation)
-
-
-@contextmanager
-def _callers_objects_frozen() -> Iterator[None]:
-    """Python's collector leaves what was alive before the call alone while it runs (``gc.freeze``): a full
-    collection scans every tracked object, and a process holding the rules, the ONNX schemas and the caller's
-    own models spent 85 ms of a 48-layer BERT's 0.95 s in one. What the call makes is collected as usual."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def _fuse(
-    model: ModelLike,
-    target: str | TargetSpec,
-    validate: bool,
-    feeds: dict | None,
-    budgets: Budgets | None,
-    shapes: dict[str, int] | None,
-    rotary: bool,
-    raise_opset: bool,
-    validation: validate_.Settings | None,
-) -> FuseResult:
     start = time.perf_counter()
     named = get_target(target)  # fail early on an unknown name
     providers = (validation or validate_.DEFAULTS).providers
