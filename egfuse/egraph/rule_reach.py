@@ -52,11 +52,7 @@ def firing(commands: tuple[str, ...], constructors: frozenset[str], present: set
             if rule.needs <= reachable and not rule.builds <= reachable:
                 reachable |= rule.builds
                 changed = True
-    return [c for c in commands if c not in rules or _can_fire(rules[c], reachable)]
-
-
-def _can_fire(rule: _Rule, reachable: set[str]) -> bool:
-    return rule.needs <= reachable
+    return [c for c in commands if c not in rules or rules[c].needs <= reachable]
 
 
 _ANALYSED: dict[tuple[int, frozenset[str]], tuple[tuple[str, ...], dict[str, _Rule]]] = {}

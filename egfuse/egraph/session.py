@@ -77,6 +77,8 @@ class Session:
         self._sized = base.sized
         self.names: dict[str, str] = dict(base.names)
         self._python_name = {egg: py for py, egg in self.names.items()}
+        self._constructors = frozenset(self.names[n] for n in egg_program.constructors() if n in self.names) | {REF}
+        """The egglog names of the language's constructors: what :mod:`~egfuse.egraph.rule_reach` reads terms by."""
         (self._print_size,) = self._raw.parse_program("(print-size)")
 
     def _sort_name(self) -> str:
@@ -100,12 +102,9 @@ class Session:
             return False
         return True
 
-    def _constructors(self) -> frozenset[str]:
-        return frozenset(self.names[name] for name in egg_program.constructors() if name in self.names) | {REF}
-
     def constructors_in(self, commands: list[str]) -> set[str]:
         """The constructors (egglog names) ``commands`` call: what :meth:`register` keeps the rules for."""
-        return rule_reach.constructors_in(commands, self._constructors())
+        return rule_reach.constructors_in(commands, self._constructors)
 
     # --- saturation ------------------------------------------------------------------------------------------
     def register(self, ruleset: egglog.Ruleset, present: set[str] | None = None) -> None:
@@ -125,7 +124,7 @@ class Session:
             assert rules is not None
             commands = rules.commands
             if present is not None:
-                commands = rule_reach.firing(commands, self._constructors(), present)
+                commands = rule_reach.firing(commands, self._constructors, present)
             self.rules_loaded = sum(rule_reach.is_rule(c) for c in commands)
             egg_program.run_commands(self._raw, commands)
             self._rule_names_of = rules.rule_names

@@ -1,8 +1,10 @@
-"""Walking an activation's neighbourhood in the graph: what the GELU kinds (:mod:`egfuse.kinds.layers`' exact
-GELU, :mod:`egfuse.kinds.tanh_gelu`) take around their anchor. Structural only: the rules decide what the
-region computes."""
+"""Walking a layer op's neighbourhood in the graph: what the GELU kinds (:mod:`egfuse.kinds.layers`' exact
+GELU, :mod:`egfuse.kinds.tanh_gelu`) take around their anchor, and the chain of single readers a norm follows
+too. Structural only: the rules decide what the region computes."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import onnx_ir as ir
 
@@ -22,21 +24,36 @@ def with_constant(value: ir.Value, ops: tuple[str, ...], facts: GraphFacts, clai
     return {node} if any(v is not None and facts.const(v) is not None for v in node.inputs) else set()
 
 
-def activation_forward(anchor: ir.Node, x: ir.Value, facts: GraphFacts, claimed: set[ir.Node]) -> list[ir.Node]:
-    """The single readers after an activation's ``anchor`` (its erf, its tanh): sums and products with
-    constants, products with its input ``x`` or with ``x`` times a constant — never with another computed
-    value, so a gated unit's other half (GEGLU's ``gelu(gate) · up``) stays out of the region."""
+def single_reader_chain(
+    start: ir.Node,
+    claimed: set[ir.Node],
+    ops: frozenset[str],
+    accepts: Callable[[ir.Node, list[ir.Value | None]], bool],
+) -> list[ir.Node]:
+    """The chain of (at most four) single readers after ``start`` among ``ops``, each one ``accepts`` given its
+    other operands: a norm's division and affine part, an activation's bracket and products."""
     chain: list[ir.Node] = []
-    value = anchor.outputs[0]
+    value = start.outputs[0]
     for _ in range(4):
         nxt = single_consumer(value)
-        if nxt is None or nxt in claimed or nxt.op_type not in _FORWARD or nxt.domain not in ("", "ai.onnx"):
+        if nxt is None or nxt in claimed or nxt.op_type not in ops or nxt.domain not in ("", "ai.onnx"):
             break
-        if not all(v is not None and _is_x_side(v, x, nxt, facts) for v in nxt.inputs if v is not value):
+        if not accepts(nxt, [v for v in nxt.inputs if v is not value]):
             break
         chain.append(nxt)
         value = nxt.outputs[0]
     return chain
+
+
+def activation_forward(anchor: ir.Node, x: ir.Value, facts: GraphFacts, claimed: set[ir.Node]) -> list[ir.Node]:
+    """The single readers after an activation's ``anchor`` (its erf, its tanh): sums and products with
+    constants, products with its input ``x`` or with ``x`` times a constant — never with another computed
+    value, so a gated unit's other half (GEGLU's ``gelu(gate) · up``) stays out of the region."""
+
+    def accepts(reader: ir.Node, others: list[ir.Value | None]) -> bool:
+        return all(v is not None and _is_x_side(v, x, reader, facts) for v in others)
+
+    return single_reader_chain(anchor, claimed, _FORWARD, accepts)
 
 
 def _is_x_side(value: ir.Value, x: ir.Value, reader: ir.Node, facts: GraphFacts) -> bool:

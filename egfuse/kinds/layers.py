@@ -22,9 +22,9 @@ import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
 from egfuse.egraph.enodes import view
-from egfuse.kinds.activation_walk import activation_forward, with_constant
+from egfuse.kinds.activation_walk import activation_forward, single_reader_chain, with_constant
 from egfuse.kinds.base import RegionKind
-from egfuse.kinds.regions import Region, _with_outputs, single_consumer
+from egfuse.kinds.regions import Found, Region, anchored_regions
 from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 from egfuse.writing.region_writer import ClassReader, RegionWriter
@@ -49,27 +49,17 @@ def find_layer_regions(
 ) -> list[Region]:
     """The norm and GELU regions among the nodes no attention region holds (``claimed``), in graph order; with
     ``residual_norms`` (a target that adds the residual in its norm), each ``LayerNormalization`` of a sum too."""
-    order = {node: i for i, node in enumerate(graph)}
-    claimed = set(claimed)
-    regions: list[Region] = []
-    for node in graph:
-        if node.domain not in ("", "ai.onnx") or node in claimed:
-            continue
+
+    def region_at(node: ir.Node, claimed: set[ir.Node]) -> Found | None:
         if node.op_type == "Sqrt":
-            found = _norm(node, facts, claimed, residual_norms)
-        elif node.op_type == "Erf":
-            found = _gelu(node, facts, claimed)
-        elif node.op_type == "LayerNormalization" and residual_norms:
-            found = _residual_norm(node, facts, claimed)
-        else:
-            continue
-        if found is None:
-            continue
-        members, main = found
-        claimed |= members
-        region = Region(index=len(regions), anchor=node, nodes=sorted(members, key=order.__getitem__))
-        regions.append(_with_outputs(region, main))
-    return regions
+            return _norm(node, facts, claimed, residual_norms)
+        if node.op_type == "Erf":
+            return _gelu(node, facts, claimed)
+        if node.op_type == "LayerNormalization" and residual_norms:
+            return _residual_norm(node, facts, claimed)
+        return None
+
+    return anchored_regions(graph, claimed, region_at)
 
 
 def _norm(
@@ -80,7 +70,7 @@ def _norm(
     back = _backward(sqrt.inputs[0], claimed, facts)
     if not any(n.op_type == "ReduceMean" for n in back):
         return None
-    forward = forward_chain(sqrt, facts, claimed, _NORM_FORWARD)
+    forward = _norm_forward(sqrt, facts, claimed)
     members = back | {sqrt} | set(forward)
     for n in forward:
         for value in n.inputs:
@@ -162,21 +152,14 @@ def _normalized_input(value: ir.Value) -> bool:
     return not (producer.op_type == "Mul" and producer.inputs[0] is producer.inputs[1])
 
 
-def forward_chain(start: ir.Node, facts: GraphFacts, claimed: set[ir.Node], ops: frozenset[str]) -> list[ir.Node]:
-    """The chain of single readers after ``start`` among ``ops``, stopping at a sum with a computed value
-    (a residual after the norm)."""
-    chain: list[ir.Node] = []
-    value = start.outputs[0]
-    for _ in range(4):
-        nxt = single_consumer(value)
-        if nxt is None or nxt in claimed or nxt.op_type not in ops or nxt.domain not in ("", "ai.onnx"):
-            break
-        others = [v for v in nxt.inputs if v is not value]
-        if nxt.op_type == "Add" and not all(v is not None and facts.const(v) is not None for v in others):
-            break
-        chain.append(nxt)
-        value = nxt.outputs[0]
-    return chain
+def _norm_forward(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> list[ir.Node]:
+    """The single readers after the root among the norm's ops, stopping at a sum with a computed value (a
+    residual after the norm)."""
+
+    def accepts(reader: ir.Node, others: list[ir.Value | None]) -> bool:
+        return reader.op_type != "Add" or all(v is not None and facts.const(v) is not None for v in others)
+
+    return single_reader_chain(sqrt, claimed, _NORM_FORWARD, accepts)
 
 
 def write(region: Region, writer: RegionWriter) -> RegionReport:

@@ -9,6 +9,7 @@ whether a region really is attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -232,6 +233,32 @@ def _joined_heads(regions: list[Region], order: dict[ir.Node, int]) -> list[Regi
     for i, region in enumerate(kept):
         region.index = i
     return kept
+
+
+Found = tuple[set[ir.Node], ir.Value]
+"""A region's nodes and its main output, as a kind's finder gives them."""
+
+
+def anchored_regions(
+    graph: ir.Graph, claimed: set[ir.Node], region_at: Callable[[ir.Node, set[ir.Node]], Found | None]
+) -> list[Region]:
+    """One region per anchor, in graph order: ``region_at`` gives a default-domain node no region holds yet its
+    region (or None: not an anchor), and that region's nodes are held before the next anchor is tried.
+    ``claimed`` (what kinds found before hold) is left as it was."""
+    order = {node: i for i, node in enumerate(graph)}
+    claimed = set(claimed)
+    regions: list[Region] = []
+    for node in graph:
+        if node.domain not in ("", "ai.onnx") or node in claimed:
+            continue
+        found = region_at(node, claimed)
+        if found is None:
+            continue
+        members, main = found
+        claimed |= members
+        region = Region(index=len(regions), anchor=node, nodes=sorted(members, key=order.__getitem__))
+        regions.append(_with_outputs(region, main))
+    return regions
 
 
 def _with_outputs(region: Region, main_output: ir.Value) -> Region:

@@ -18,7 +18,7 @@ from egfuse.analysis.facts import GraphFacts
 from egfuse.kinds.activation_walk import activation_forward, with_constant
 from egfuse.kinds.base import RegionKind
 from egfuse.kinds.layers import not_chosen, write_one_op
-from egfuse.kinds.regions import Region, _with_outputs, single_consumer
+from egfuse.kinds.regions import Found, Region, anchored_regions, single_consumer
 from egfuse.report import RegionReport
 from egfuse.targets.spec import FusedOp, TargetSpec
 from egfuse.writing.region_writer import RegionWriter
@@ -53,22 +53,14 @@ def find(graph: ir.Graph, facts: GraphFacts, claimed: set[ir.Node], target: Targ
     raised by a constant and multiplied by ``x`` (a pooler's or a soft cap's tanh is not)."""
     if target.op_for(FORM) is None:
         return []
-    order = {node: i for i, node in enumerate(graph)}
-    regions: list[Region] = []
-    for node in graph:
-        if node.op_type != "Tanh" or node.domain not in ("", "ai.onnx") or node in claimed:
-            continue
-        found = _region(node, facts, claimed)
-        if found is None:
-            continue
-        members, main = found
-        claimed |= members
-        region = Region(index=len(regions), anchor=node, nodes=sorted(members, key=order.__getitem__))
-        regions.append(_with_outputs(region, main))
-    return regions
+
+    def region_at(node: ir.Node, claimed: set[ir.Node]) -> Found | None:
+        return _region(node, facts, claimed) if node.op_type == "Tanh" else None
+
+    return anchored_regions(graph, claimed, region_at)
 
 
-def _region(tanh: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> tuple[set[ir.Node], ir.Value] | None:
+def _region(tanh: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> Found | None:
     argument, inputs = _argument(tanh, facts, claimed)
     if len(inputs) != 1:
         return None
