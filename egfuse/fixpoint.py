@@ -22,11 +22,11 @@ from egfuse.files.load import LoadedModel
 from egfuse.preparation.prepare import (
     admit_standard_attention,
     bump_opset,
-    infer_shapes,
     needs_standard_opset,
     prepare,
     same_nodes,
 )
+from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.report import RegionKey, Report, Status
 from egfuse.search import Budgets, fuse_once
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec

@@ -29,8 +29,9 @@ from egfuse.kinds.registry import KINDS, finding_order
 from egfuse.lowering.lower import Lowered, Lowerer
 from egfuse.preparation.if_folding import fold_constant_ifs
 from egfuse.preparation.literal_folding import fold_literal_arithmetic
-from egfuse.preparation.prepare import functions_at_model_opset, infer_shapes
+from egfuse.preparation.prepare import functions_at_model_opset
 from egfuse.preparation.sequences import concat_sequences, split_sequence_items
+from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.repeats import NotRenamed, find_repeats
 from egfuse.report import RegionKey, Report
 from egfuse.rules import ruleset_for

@@ -10,9 +10,10 @@ from __future__ import annotations
 import onnx
 
 from egfuse.analysis.dims import integer_text_dims
-from egfuse.analysis.facts import SAME_SHAPE
 from egfuse.errors import EgfuseError
 from egfuse.files.load import LoadedModel, default_opset
+from egfuse.preparation.renumbering import only_renumbered
+from egfuse.preparation.shape_inference import infer_shapes, without_node_metadata
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
 
 
@@ -81,39 +82,33 @@ def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, 
     """onnx's version converter to opset 23 (IR version 10 at least), or None and why it refused. Where the
     converter only renumbered the opset of a model without local functions (every node as it was: the usual
     case, since most ops' newer versions only add element types), ``proto`` itself renumbered — what putting
-    back the metadata the converter drops would rebuild, without the cost (0.1 s for a 48-layer BERT)."""
-    bare = _without_node_metadata(proto)
+    back the metadata the converter drops would rebuild, without the cost (0.1 s for a 48-layer BERT). Where the
+    op schemas already say so (:mod:`~egfuse.preparation.renumbering`), the converter is not run at all."""
+    if only_renumbered(proto, default_opset(proto), STANDARD_ATTENTION_OPSET):
+        return _renumbered(proto), ""
+    bare = without_node_metadata(proto)
     try:
         converted = onnx.version_converter.convert_version(bare, STANDARD_ATTENTION_OPSET)
     except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why
         text = str(err).strip()
         return None, text.splitlines()[-1][-160:] if text else type(err).__name__
     if not proto.functions and _equal_nodes(bare, converted):  # (functions are converted one by one below)
-        converted = bump_opset(proto, STANDARD_ATTENTION_OPSET)
-        converted.ir_version = max(converted.ir_version, 10)
-        return converted, ""
+        return _renumbered(proto), ""
     converted.ir_version = max(converted.ir_version, 10)
     _restore_what_the_converter_drops(proto, converted)
     return converted, ""
 
 
+def _renumbered(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` at the standard op's opset (IR version 10 at least), every node as it was."""
+    converted = bump_opset(proto, STANDARD_ATTENTION_OPSET)
+    converted.ir_version = max(converted.ir_version, 10)
+    return converted
+
+
 def _equal_nodes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
     """The same nodes, field for field (protobuf's own comparison: milliseconds for thousands of nodes)."""
     return len(a.graph.node) == len(b.graph.node) and list(a.graph.node) == list(b.graph.node)
-
-
-def _without_node_metadata(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto`` without its nodes' ``metadata_props`` (``proto`` itself where none has any). onnx's
-    version converter drops them anyway (they are put back after, from the original), and shape inference
-    never reads them; both copy the model into C++ and back, and a dynamo export's source map is a third of
-    it (the converter: 0.11 s → 0.06 s for a 48-layer BERT, the same output on 80 exports that had it)."""
-    if not any(node.metadata_props for node in proto.graph.node):
-        return proto
-    bare = onnx.ModelProto()
-    bare.CopyFrom(proto)
-    for node in bare.graph.node:
-        del node.metadata_props[:]
-    return bare
 
 
 def _restore_what_the_converter_drops(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
@@ -187,48 +182,3 @@ def bump_opset(proto: onnx.ModelProto, version: int) -> onnx.ModelProto:
         if entry.domain in ("", "ai.onnx"):
             entry.version = version
     return bumped
-
-
-def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
-    """ONNX shape inference, helped past ops it does not know (contrib norms, LayerNormalization below opset
-    17): their output takes their input's shape, and inference runs again from there.
-
-    Inference never reads the nodes' ``metadata_props``, but it copies the model into C++ and back each round,
-    and a dynamo export's source map is most of a model without its weights: it is set aside and put back on
-    the same nodes after (inference neither adds, drops nor reorders nodes) — 0.09 s → 0.05 s for a 48-layer
-    BERT, the same model out."""
-    bare = _without_node_metadata(proto)
-    inferred = _inferred(bare, rounds)
-    if inferred is bare:  # inference refused the graph at once: the model as it came
-        return proto
-    if bare is not proto:
-        if len(inferred.graph.node) != len(proto.graph.node):  # never seen; the plain way, to be safe
-            return _inferred(proto, rounds)
-        for source, node in zip(proto.graph.node, inferred.graph.node, strict=True):
-            if source.metadata_props:
-                node.metadata_props.extend(source.metadata_props)
-    return inferred
-
-
-def _inferred(proto: onnx.ModelProto, rounds: int) -> onnx.ModelProto:
-    for _ in range(rounds):
-        try:
-            proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-        except Exception:  # shapes are an aid: the rules still run on what is known
-            return proto
-        known = {v.name: v for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
-        known.update({t.name: None for t in proto.graph.initializer})
-        added = False
-        for node in proto.graph.node:
-            if node.op_type not in SAME_SHAPE or not node.output or node.output[0] in known:
-                continue
-            source = known.get(node.input[0]) if node.input else None
-            if source is not None and source.type.tensor_type.HasField("shape"):
-                info = onnx.ValueInfoProto()
-                info.CopyFrom(source)
-                info.name = node.output[0]
-                proto.graph.value_info.append(info)
-                added = True
-        if not added:
-            break
-    return proto

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 
 import egfuse
 from egfuse.files.load import default_opset
+from egfuse.preparation import prepare
 from egfuse.testing import (
     AXES,
     CAUSAL,
@@ -133,6 +134,7 @@ def test_ort_repeats_grouped_heads_where_the_opset_cannot_be_raised(monkeypatch)
         raise RuntimeError("No Adapter For Resize from opset 18 to 19")
 
     monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
+    monkeypatch.setattr(prepare, "only_renumbered", lambda *_: False)  # a model the converter must adapt
     model = attention_model(Variant(heads=4, kv_heads=2, k_layout="transpose_0132"))
     feeds = feeds_for(model)
     result = egfuse.fuse(model, target="ort", feeds=feeds)

@@ -20,7 +20,7 @@ from egfuse.commands.cli import main
 from egfuse.commands.explain import explain
 from egfuse.egraph.certify import Certifier
 from egfuse.kinds.regions import find_regions
-from egfuse.preparation.prepare import infer_shapes
+from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.testing import Variant, attention_model, feeds_for
 
 from ..conftest import assert_same_outputs, fused_export

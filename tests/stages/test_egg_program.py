@@ -20,7 +20,7 @@ from egfuse.egraph.perms import perm_table, swap_table
 from egfuse.egraph.session import Session
 from egfuse.kinds.regions import find_regions
 from egfuse.lowering.lower import Lowerer
-from egfuse.preparation.prepare import infer_shapes
+from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.testing import Variant, attention_model
 
 

@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from egfuse.analysis.facts import GraphFacts
-from egfuse.preparation.prepare import infer_shapes
+from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.writing.shape_reads import rewrite_dead_shape_reads
 
 

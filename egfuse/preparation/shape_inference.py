@@ -1,0 +1,109 @@
+"""ONNX shape inference as the search needs it: helped past ops onnx does not know, and fed only what it reads.
+
+Inference copies the model into C++ and back each round. It never reads the nodes' ``metadata_props`` (a dynamo
+export's source map, most of a graph without its weights) nor the values of large weights (only their types and
+dims; data propagation reads small shape tensors), so both are set aside and put back after: a 48-layer BERT's
+inference went 0.09 s → 0.05 s without the source map, and → 0.02 s without the weights, the same model out.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from egfuse.analysis.facts import SAME_SHAPE
+from egfuse.files.protos import tensor_bytes
+
+__all__ = ["infer_shapes", "without_node_metadata"]
+
+WEIGHT_BYTES = 1 << 16
+"""Initializers of this size or more go to inference as typed graph inputs: never a shape tensor."""
+
+
+def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
+    """ONNX shape inference (with data propagation), helped past ops it does not know (contrib norms,
+    LayerNormalization below opset 17): their output takes their input's shape, and inference runs again
+    from there. The nodes, their order and the weights come back as they were."""
+    probe, stand_ins = _for_inference(proto)
+    inferred = _inferred(probe, rounds, stand_ins)
+    if inferred is probe:  # inference refused the graph at once: the model as it came
+        return proto
+    if len(inferred.graph.node) != len(proto.graph.node):  # never seen; the plain way, to be safe
+        return _inferred(proto, rounds, frozenset())
+    result = onnx.ModelProto()
+    result.CopyFrom(proto)
+    for field in ("value_info", "output"):
+        del getattr(result.graph, field)[:]
+        getattr(result.graph, field).extend(getattr(inferred.graph, field))
+    for mine, theirs in zip(result.graph.node, inferred.graph.node, strict=True):
+        if any(a.type in _SUBGRAPHS for a in mine.attribute):  # inference types the values in a branch too
+            metadata = list(mine.metadata_props)
+            mine.CopyFrom(theirs)
+            mine.metadata_props.extend(metadata)
+    return result
+
+
+_SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def without_node_metadata(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` without its nodes' ``metadata_props`` (``proto`` itself where none has any). onnx's
+    version converter drops them anyway (they are put back after, from the original), and shape inference
+    never reads them; both copy the model into C++ and back, and a dynamo export's source map is a third of
+    it (the converter: 0.11 s → 0.06 s for a 48-layer BERT, the same output on 80 exports that had it)."""
+    if not any(node.metadata_props for node in proto.graph.node):
+        return proto
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    for node in bare.graph.node:
+        del node.metadata_props[:]
+    return bare
+
+
+def _for_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, frozenset[str]]:
+    """A model for inference alone: ``proto``'s graph without its nodes' metadata, and with every initializer of
+    :data:`WEIGHT_BYTES` or more (or kept in a file) a typed input instead. Also the names stood in for."""
+    graph = proto.graph
+    large = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL or
+             tensor_bytes(t) >= WEIGHT_BYTES]  # fmt: skip
+    stand_ins = frozenset(t.name for t in large)
+    probe = onnx.ModelProto(ir_version=proto.ir_version)
+    probe.opset_import.extend(proto.opset_import)
+    probe.functions.extend(proto.functions)
+    probe.graph.name = graph.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(probe.graph, field).extend(getattr(graph, field))
+    for node in probe.graph.node:
+        if node.metadata_props:
+            del node.metadata_props[:]
+    probe.graph.initializer.extend(t for t in graph.initializer if t.name not in stand_ins)
+    inputs = {value.name for value in graph.input}
+    probe.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in large
+                             if t.name not in inputs)  # fmt: skip
+    return probe, stand_ins
+
+
+def _inferred(proto: onnx.ModelProto, rounds: int, stand_ins: frozenset[str]) -> onnx.ModelProto:
+    """Inference for up to ``rounds`` rounds; after each, a same-shape op onnx left untyped takes its input's
+    type (not where that input is an initializer, or stands in for one: as for initializers, nothing said)."""
+    for _ in range(rounds):
+        try:
+            proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        except Exception:  # shapes are an aid: the rules still run on what is known
+            return proto
+        known = {v.name: v for v in [*proto.graph.value_info, *proto.graph.input, *proto.graph.output]}
+        known.update({t.name: None for t in proto.graph.initializer})
+        known.update(dict.fromkeys(stand_ins))
+        added = False
+        for node in proto.graph.node:
+            if node.op_type not in SAME_SHAPE or not node.output or node.output[0] in known:
+                continue
+            source = known.get(node.input[0]) if node.input else None
+            if source is not None and source.type.tensor_type.HasField("shape"):
+                info = onnx.ValueInfoProto()
+                info.CopyFrom(source)
+                info.name = node.output[0]
+                proto.graph.value_info.append(info)
+                added = True
+        if not added:
+            break
+    return proto
