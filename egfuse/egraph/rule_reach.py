@@ -93,28 +93,18 @@ def _called(expr: object, constructors: frozenset[str]) -> frozenset[str]:
     return frozenset(found)
 
 
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|[()]|[^\s()"]+')
+
+
 def _parse(text: str) -> list:
     """An egglog command as nested lists of atoms (strings kept whole, with their quotes)."""
     stack: list[list] = [[]]
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "(":
+    for token in _TOKEN.findall(text):
+        if token == "(":
             stack.append([])
-        elif c == ")":
+        elif token == ")":
             done = stack.pop()
             stack[-1].append(done)
-        elif c == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            stack[-1].append(text[i : j + 1])
-            i = j
-        elif not c.isspace():
-            j = i
-            while j < n and not text[j].isspace() and text[j] not in '()"':
-                j += 1
-            stack[-1].append(text[i:j])
-            i = j - 1
-        i += 1
+        else:
+            stack[-1].append(token)
     return stack[0][0]
