@@ -28,7 +28,7 @@ ELEMENT_BYTES = 4
 _VIEWS = frozenset({"split_heads", "merge_heads", "merge_lead", "split_lead", "reshape", "unsqueeze", "squeeze",
                     "group_heads", "ungroup_heads"})  # fmt: skip
 """Reshapes: no data moves, one node dispatched."""
-_LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05}
+_LEAVES = {"value": 0.0, "no_bias": 0.0, "full_like": 0.05, "zero_bias": 0.05, "unit_scale": 0.05}
 _NODES = {"nan_to_zero": 2, "repeat_heads": 7}
 """Constructors that raise to more than one node."""
 _FLOPS_PER_ELEMENT = {"softmax": 5.0, "tanh": 4.0, "sqrt": 2.0, "pow": 2.0, "erf": 10.0, "cos": 10.0, "sin": 10.0}

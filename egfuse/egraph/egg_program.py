@@ -37,7 +37,7 @@ _BATCH_CHARS = 1000
 REF = "egfuse_ref"
 """The constructor of a graph value's own e-class (by id): declared in egglog text, not through egglog-python."""
 _FACTS = ("scalar_of", "rank_of", "dtype_of", "dim_of", "perm_then", "swap_last2", "is_weight", "finite",
-          "head_invariant", "heads_of", "last_dim", "halves_repeat")  # fmt: skip
+          "head_invariant", "heads_of", "last_dim", "halves_repeat", "per_feature")  # fmt: skip
 _RULE_NAME = re.compile(r':name "((?:[^"\\]|\\.)*)"\)?$')
 _NOT_DECLARATIONS = ("(print-size", "(push", "(pop", "(run-schedule", "(run ", "(check")
 """Commands a recording also holds that declare nothing (sizes read, runs): not part of a program."""

@@ -38,6 +38,10 @@ class Tensor(Expr):
         """Zeros as wide as ``weight``'s output: the bias of a projection written without one."""
 
     @classmethod
+    def unit_scale(cls, like: Tensor, width: i64Like) -> Tensor:
+        """Ones, ``width`` of them in ``like``'s element type: the γ of a norm written without one."""
+
+    @classmethod
     def no_bias(cls) -> Tensor:
         """The absent additive mask."""
 

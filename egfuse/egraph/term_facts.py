@@ -16,7 +16,7 @@ from egfuse.egraph.lang import Tensor
 
 __all__ = [
     "dim_of", "dtype_of", "finite", "halves_repeat", "head_invariant", "heads_of", "is_weight", "last_dim",
-    "perm_then", "rank_of", "scalar_of", "swap_last2",
+    "per_feature", "perm_then", "rank_of", "scalar_of", "swap_last2",
 ]  # fmt: skip
 
 
@@ -57,6 +57,10 @@ def swap_last2(perm: StringLike) -> String:
 
 is_weight = relation("is_weight", Tensor)
 """A constant initializer (projection weight or bias): packable into a fused op's weights."""
+
+per_feature = relation("per_feature", Tensor)
+"""A stored weight whose axes but the last are all 1 (of any rank): one value per feature of the last axis, as a
+norm's γ and β are (Keras stores them as (1, 1, D))."""
 
 head_invariant = relation("head_invariant", Tensor)
 """The same for every head: its heads axis (−3) is 1 or absent (a padding or causal mask, no position bias), so

@@ -28,7 +28,7 @@ def term_shape(node: ENode, shapes: Mapping[EClass, Shape]) -> Shape | None:
         return None  # a graph value's shape is read from the graph (class_shapes), not derived
     op, a = node.op, view(node)
     kids = [shapes.get(c) for c in node.children]
-    if any(k is None for k in kids) and op not in ("zero_bias",):
+    if any(k is None for k in kids) and op not in ("zero_bias", "unit_scale"):
         return None
     rule = SHAPE_RULES.get(op)
     return None if rule is None else rule(kids, a)
@@ -61,6 +61,10 @@ def _same(kids: list[Shape], a: Any) -> Shape | None:
 
 def _zero_bias(kids: list[Shape], a: Any) -> Shape | None:
     return (kids[0][-1],) if kids[0] else None
+
+
+def _unit_scale(kids: list[Shape], a: Any) -> Shape | None:
+    return (Dim(int(a.width)),)
 
 
 def _reduce_mean(kids: list[Shape], a: Any) -> Shape | None:
@@ -201,6 +205,7 @@ SHAPE_RULES: dict[str, ShapeRule] = {
     **dict.fromkeys(_ELEMENTWISE, _elementwise),
     **dict.fromkeys(_SAME, _same),
     "zero_bias": _zero_bias,
+    "unit_scale": _unit_scale,
     "reduce_mean": _reduce_mean,
     "transpose": _transpose,
     "matmul": _matmul,

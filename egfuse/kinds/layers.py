@@ -29,10 +29,14 @@ from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 from egfuse.writing.region_writer import ClassReader, RegionWriter
 
-NORM_VOCABULARY = frozenset({"ReduceMean", "Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"})
+MEANS = frozenset({"ReduceMean", "GlobalAveragePool"})
+"""The ops a norm's means are spelled with (the pool averages the last axis of a rank-3 tensor: Keras')."""
+NORM_VOCABULARY = MEANS | {"Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"}
 """The ops a norm is spelled with."""
 _MAX_DEPTH = 8
 _NORM_FORWARD = frozenset({"Div", "Reciprocal", "Mul", "Add", "Cast"})
+_SPREAD = _NORM_FORWARD | {"Neg", "Sub"}
+"""The ops of a norm's forward part spread from a value read twice: −mean · i, β − mean · i."""
 _SCALES = ("Mul", "Div")
 
 
@@ -68,7 +72,7 @@ def _norm(
     """A norm spelled in primitive ops around ``sqrt``; with ``residual``, the sum it normalizes too (a residual
     ``Add`` of two computed values, before the widening ``Cast`` of a half-precision model's norm)."""
     back = _backward(sqrt.inputs[0], claimed, facts)
-    if not any(n.op_type == "ReduceMean" for n in back):
+    if not any(n.op_type in MEANS for n in back):
         return None
     forward = _norm_forward(sqrt, facts, claimed)
     members = back | {sqrt} | set(forward)
@@ -76,9 +80,37 @@ def _norm(
         for value in n.inputs:
             if value is not None:
                 members |= _backward(value, claimed | members, facts)
+    main = (forward[-1] if forward else sqrt).outputs[0]
+    if len(main.uses()) > 1:  # TensorFlow's batch_normalization: x · i + (β − mean · i), i read twice
+        members, main = _spread(members, main, facts, claimed)
     if residual:
         members |= _residual_sums(members, facts, claimed)
-    return members, (forward[-1] if forward else sqrt).outputs[0]
+    return members, main
+
+
+def _spread(
+    members: set[ir.Node], main: ir.Value, facts: GraphFacts, claimed: set[ir.Node]
+) -> tuple[set[ir.Node], ir.Value]:
+    """The norm's ops after a value read more than once: every reader of the members' values that computes only
+    from them, constants and the normalized input, to a fixpoint — kept where they end in one value read
+    outside (the norm's output), else ``members`` and ``main`` as they were."""
+    normalized = {v for n in members for v in n.inputs if v is not None and v.producer() not in members
+                  and _normalized_input(v)}  # fmt: skip
+    spread = set(members)
+    grown = True
+    while grown:
+        grown = False
+        for reader in {use.node for node in spread for out in node.outputs for use in out.uses()} - spread:
+            if reader in claimed or reader.op_type not in _SPREAD or reader.domain not in ("", "ai.onnx"):
+                continue
+            if all(v is None or v in normalized or v.producer() in spread or facts.const(v) is not None
+                   for v in reader.inputs):  # fmt: skip
+                spread.add(reader)
+                grown = True
+    outputs = [
+        v for n in spread for v in n.outputs if v.is_graph_output() or any(u.node not in spread for u in v.uses())
+    ]
+    return (spread, outputs[0]) if len(outputs) == 1 else (members, main)
 
 
 def _residual_sums(members: set[ir.Node], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
@@ -142,7 +174,7 @@ def _backward(start: ir.Value, claimed: set[ir.Node], facts: GraphFacts) -> set[
 
 def _normalized_input(value: ir.Value) -> bool:
     """A value a mean reads that is not itself a square (the variance's): what the norm normalizes."""
-    if not any(use.node.op_type == "ReduceMean" for use in value.uses()):
+    if not any(use.node.op_type in MEANS for use in value.uses()):
         return False
     producer = value.producer()
     if producer is None:
@@ -212,7 +244,10 @@ def _why_not(region: Region, writer: RegionWriter) -> str:
         return "the norm's input is not a residual sum a skip norm can take (two tensors of the same shape)"
     if not reached & {"normalized", "rms_normalized"}:
         return _root_why_not(g, g.of(anchor.inputs[0]))
-    return "normalized, but not scaled by a per-feature weight γ (one stored value per feature) and shifted by β"
+    return (
+        "normalized, but then scaled or shifted by something other than a per-feature weight γ and β (one stored "
+        "value per feature), or the last axis' width is unknown"
+    )
 
 
 def not_chosen(region: Region, writer: RegionWriter, proven: list[str]) -> str:

@@ -60,7 +60,9 @@ def _root_of_mean(value: ir.Value | None) -> bool:
         return False
     inner = node.inputs[0].producer()
     if inner is not None and inner.op_type == "Add":
-        return any(
-            v is not None and v.producer() is not None and v.producer().op_type == "ReduceMean" for v in inner.inputs
-        )
-    return inner is not None and inner.op_type == "ReduceMean"
+        return any(v is not None and v.producer() is not None and v.producer().op_type in _MEANS for v in inner.inputs)
+    return inner is not None and inner.op_type in _MEANS
+
+
+_MEANS = ("ReduceMean", "GlobalAveragePool")
+"""A norm's mean: the pool averages the last axis of a rank-3 tensor (Keras' exporters)."""

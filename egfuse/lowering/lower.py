@@ -139,6 +139,11 @@ class Lowerer(LayoutTerms, PieceTerms):
             return None
         return self._call("reduce_mean", arg) if axes[0] % rank == rank - 1 else None
 
+    def _global_average(self, node: ir.Node, arg: str) -> str | None:
+        """``GlobalAveragePool`` averages every axis after the second: of a rank-3 tensor, the last one, kept —
+        the mean of a norm as Keras' exporters write it."""
+        return self._call("reduce_mean", arg) if self.facts.rank(node.inputs[0]) == 3 else None
+
     def _layer_norm(self, node: ir.Node, args: list[str | None]) -> str | None:
         """The op itself over the last axis, its mean and deviation outputs unread: the term the rules build."""
         rank = self.facts.rank(node.inputs[0])
@@ -177,6 +182,7 @@ _TERMS: dict[str, _TermBuilder] = {
     "GatherND": lambda self, node, args: self._rows_nd(node, args),
     "Tile": lambda self, node, args: self._tile(node, args[0]),
     "ReduceMean": lambda self, node, args: self._reduce_mean(node, args[0]),
+    "GlobalAveragePool": lambda self, node, args: self._global_average(node, args[0]),
     "LayerNormalization": lambda self, node, args: (
         self._layer_norm(node, args) if len(args) > 1 and args[1] is not None else None
     ),

@@ -204,6 +204,8 @@ class TermWriter:
             cmds.append(f"({self.n['is_weight']} {term})")
             for axis in (-1, -2)[: len(stored)]:
                 cmds.append(f'(set ({self.n["dim_of"]} {term} {axis}) "{stored[axis]}")')
+            if stored and all(d == 1 for d in stored[:-1]):
+                cmds.append(f"({self.n['per_feature']} {term})")
         if stored is not None and len(stored) >= 2:
             summary = self.facts.summary(value)  # a stored cos/sin table: its halves compared, once
             if summary is not None and summary.halves_repeat:

@@ -64,6 +64,10 @@ def _zero_bias(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.V
     return e.const(np.zeros(weight.shape[-1], weight.dtype), "zero_bias")
 
 
+def _unit_scale(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
+    return e.const(e.constant_array(cid), "unit_scale")
+
+
 def _cast(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
     return e.node("Cast", [e.value(a.a)], {"to": int(a.to)})
 
@@ -182,6 +186,7 @@ PRIMITIVE_WRITERS: dict[str, PrimitiveWriter] = {
     **dict.fromkeys(SIMPLE, _simple),
     "full_like": _full_like,
     "zero_bias": _zero_bias,
+    "unit_scale": _unit_scale,
     "cast": _cast,
     "softmax": _softmax,
     "reduce_mean": _reduce_mean,

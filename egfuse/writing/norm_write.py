@@ -26,10 +26,9 @@ def norm(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     _check_opset(e, op)
     x = e.value(a.x)
     params = [a.scale] if node.op in ("rms_norm", "skip_rms_norm") else [a.scale, a.bias]
-    _check_per_feature(e, a.x, x, params)
     if node.op in ("skip_layer_norm", "skip_rms_norm"):
         return _skip_layer_norm(node, e, op, x, params)
-    inputs = [x, *(e.value(c) for c in params)]
+    inputs = [x, *_per_feature(e, a.x, x, params)]
     return e.node(op.op, inputs, {"axis": -1, "epsilon": float(a.epsilon)}, op.domain, like=x)
 
 
@@ -43,7 +42,7 @@ def _skip_layer_norm(node: ENode, e: EmitterProtocol, op: FusedOp, x: ir.Value, 
         raise ValueError("the skip does not have the input's rank, or the input is not 2-D or 3-D")
     # γ and β as their values: the graph's may be computed from the sum (a CastLike to its type), which the
     # op now returns — reading them would close a cycle.
-    weights = [e.const(e.constant_array(c), hint) for c, hint in zip(params, ("gamma", "beta"), strict=False)]
+    weights = _per_feature(e, a.x, x, params, as_constants=True)
     outputs = e.node_outputs(op.op, [x, skip, *weights], {"epsilon": float(a.epsilon)}, op.domain, like=x, count=4)
     outputs[1].name = outputs[2].name = ""  # mean and inverse deviation: not computed
     # The graph's own sum: the Add reading both operands (found from their uses, not by a scan of the e-graph).
@@ -65,8 +64,7 @@ def gelu(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     x = e.value(a.x)
     if node.op != "bias_gelu":
         return e.node(op.op, [x], dict(op.attributes), op.domain, like=x)
-    _check_per_feature(e, a.x, x, [a.bias])
-    return e.node(op.op, [x, e.value(a.bias)], {}, op.domain, like=x)
+    return e.node(op.op, [x, *_per_feature(e, a.x, x, [a.bias])], {}, op.domain, like=x)
 
 
 def _check_opset(e: EmitterProtocol, op: FusedOp) -> None:
@@ -76,10 +74,19 @@ def _check_opset(e: EmitterProtocol, op: FusedOp) -> None:
         raise ValueError(f"{op.op} needs opset {op.opset}; the model has {e.opset}")
 
 
-def _check_per_feature(e: EmitterProtocol, x_class: EClass, x: ir.Value, params: list[EClass]) -> None:
-    """Scales, shifts and biases must hold one value per feature of ``x``'s last axis: one element broadcast
-    over it computes the same, but the ops take only the full width."""
+def _per_feature(
+    e: EmitterProtocol, x_class: EClass, x: ir.Value, params: list[EClass], *, as_constants: bool = False
+) -> list[ir.Value]:
+    """Scales, shifts and biases as the ops take them: one value per feature of ``x``'s last axis, shape (D,).
+    Stored as (1, …, 1, D) (Keras' γ and β) they are written reshaped; one element broadcast over the axis
+    computes the same, but the ops take only the full width (a ValueError). ``as_constants``: written as new
+    constants even where already (D,)."""
     width = e.static_dim(x_class, x, -1, "the last axis")
+    values = []
     for cid in params:
-        if e.constant_array(cid).shape != (width,):
-            raise ValueError(f"a parameter of shape {e.constant_array(cid).shape} is not one value per feature")
+        array = e.constant_array(cid)
+        if array.shape[-1:] != (width,) or array.size != width:
+            raise ValueError(f"a parameter of shape {array.shape} is not one value per feature")
+        keep = array.shape == (width,) and not as_constants
+        values.append(e.value(cid) if keep else e.const(array.reshape(width), "scale"))
+    return values

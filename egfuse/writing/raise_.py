@@ -137,6 +137,10 @@ class Emitter(MaskWriter):
         if node.op == "zero_bias":
             weight = self.constant_array(view(node).weight)
             return np.zeros(weight.shape[-1], weight.dtype)
+        if node.op == "unit_scale":  # γ = 1, in the normalized input's type
+            like = self.value(view(node).like)
+            dtype = np.dtype(like.dtype.numpy()) if like.dtype is not None else np.dtype(np.float32)
+            return np.ones(int(view(node).width), dtype)
         if node.op == "merge_heads":  # (…, N, H) → (…, N·H) of a constant
             weight = self.constant_array(view(node).a)
             return weight.reshape(*weight.shape[:-2], -1)

@@ -13,7 +13,7 @@ from onnx import helper
 
 import egfuse
 from egfuse.egraph.lang import Tensor
-from egfuse.egraph.term_facts import is_weight, rank_of, scalar_of
+from egfuse.egraph.term_facts import is_weight, last_dim, rank_of, scalar_of
 from egfuse.validation import validate
 from egfuse.validation.validate import make_feeds
 from egfuse.writing import writers
@@ -89,9 +89,11 @@ WIDTH = 16
 
 
 def norm_model(
-    kind: str, *, square="pow", division="div", scale_width=WIDTH, eps_inside=True, axis=-1
+    kind: str, *, square="pow", division="div", scale_width=WIDTH, eps_inside=True, axis=-1, gamma=True, mean="reduce"
 ) -> onnx.ModelProto:
-    """A norm spelled as exporters write it, between two MatMuls (so the region has a producer and a reader)."""
+    """A norm spelled as exporters write it, between two MatMuls (so the region has a producer and a reader).
+    ``division="keras"``: γ multiplied into the reciprocal root first; ``gamma=False``: no γ (nor β);
+    ``mean="pool"``: the means as ``GlobalAveragePool`` (of the rank-3 activations: the last axis)."""
     rng = np.random.default_rng(0)
     inits = [
         onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
@@ -105,9 +107,15 @@ def norm_model(
     ]
     nodes = [helper.make_node("MatMul", ["input", "w_in"], ["h"])]
     src = "h"
+
+    def average(source: str, out: str):
+        if mean == "pool":
+            return helper.make_node("GlobalAveragePool", [source], [out])
+        return helper.make_node("ReduceMean", [source, "axes"], [out])
+
     if kind == "layer":
         nodes += [
-            helper.make_node("ReduceMean", ["h", "axes"], ["mean"]),
+            average("h", "mean"),
             helper.make_node("Sub", ["h", "mean"], ["c"]),
         ]
         src = "c"
@@ -115,7 +123,7 @@ def norm_model(
         nodes.append(helper.make_node("Pow", [src, "two"], ["sq"]))
     else:
         nodes.append(helper.make_node("Mul", [src, src], ["sq"]))
-    nodes.append(helper.make_node("ReduceMean", ["sq", "axes"], ["var"]))
+    nodes.append(average("sq", "var"))
     if eps_inside:
         nodes += [helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["root"])]
     else:
@@ -124,11 +132,16 @@ def norm_model(
         nodes.append(helper.make_node("Div", [src, "root"], ["n"]))
     elif division == "reciprocal":
         nodes += [helper.make_node("Reciprocal", ["root"], ["r"]), helper.make_node("Mul", [src, "r"], ["n"])]
+    elif division == "keras":  # x · (rsqrt(·) · γ)
+        nodes += [helper.make_node("Reciprocal", ["root"], ["r"]), helper.make_node("Mul", ["r", "gamma"], ["rg"])]
+        nodes.append(helper.make_node("Mul", [src, "rg"], ["scaled"]))
     else:
         nodes += [helper.make_node("Div", ["one", "root"], ["r"]), helper.make_node("Mul", ["r", src], ["n"])]
-    nodes.append(helper.make_node("Mul", ["gamma", "n"], ["scaled"]))
+    if division != "keras":
+        nodes.append(helper.make_node("Mul", ["gamma", "n"], ["scaled"]) if gamma else helper.make_node(
+            "Identity", ["n"], ["scaled"]))  # fmt: skip
     last = "scaled"
-    if kind == "layer":
+    if kind == "layer" and gamma:
         nodes.append(helper.make_node("Add", ["scaled", "beta"], ["shifted"]))
         last = "shifted"
     nodes.append(helper.make_node("MatMul", [last, "w_out"], ["output"]))
@@ -173,6 +186,119 @@ def test_near_misses_stay_as_written(near_miss, why):
     assert not any(n.status == "fused" for n in result.report.layer_ops)
     assert all(why in n.reason for n in result.report.layer_ops), [n.reason for n in result.report.layer_ops]
     assert "LayerNormalization" not in _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize(("kind", "division"), [("rms", "reciprocal"), ("layer", "div")])
+def test_a_norm_without_gamma_is_the_norm_with_gamma_one(kind, division):
+    """OLMo's non-parametric LayerNorm, or a γ of ones an exporter folded away (Keras' Qwen3 and Gemma 3 Q/K
+    norms at their initial weights): the norm op with γ = 1 written as a constant (and β = 0)."""
+    model = norm_model(kind, division=division, gamma=False)
+    result = egfuse.fuse(model, target="onnx")
+    op = "LayerNormalization" if kind == "layer" else "RMSNormalization"
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert result.report.fused_ops() == {op: 1}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize(("target", "kind"), one_target_fast([("rms",), ("layer",)], ["rms", "layer"]))
+def test_keras_norms_fuse_pooled_means_and_gamma_on_the_root(kind, target):
+    """Keras' exporters write a norm's means as ``GlobalAveragePool`` (of (B, S, D): the last axis) and
+    multiply γ into the reciprocal root before the input: x · (rsqrt(mean x² + ε) · γ)."""
+    model = norm_model(kind, division="keras", mean="pool")
+    result = egfuse.fuse(model, target=target)
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert not {"GlobalAveragePool", "Sqrt"} & _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def test_a_pooled_mean_over_more_than_the_last_axis_is_not_a_norm():
+    """``GlobalAveragePool`` of a rank-4 tensor averages two axes: not a norm's mean, kept as written."""
+    model = norm_model("rms", mean="pool")
+    graph = model.graph
+    graph.node.insert(1, helper.make_node("Unsqueeze", ["h0", "one_axis"], ["h"]))
+    graph.node[0].output[0] = "h0"
+    graph.node[-1].input[0] = "scaled_3d"
+    graph.node.insert(len(graph.node) - 1, helper.make_node("Squeeze", ["scaled", "one_axis"], ["scaled_3d"]))
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "one_axis"))
+    result = egfuse.fuse(model, target="onnx")
+    assert [n.status for n in result.report.layer_ops] == ["not fused"], str(result.report)  # not even tried
+    assert "RMSNormalization" not in _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def test_without_gamma_the_unit_scale_needs_the_width():
+    """γ = 1 is a constant as wide as the last axis: without a known width there is none to write."""
+    term = Tensor.div(x, Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.mul(x, x)), eps)))
+    known = saturated(norms.rules, term, *SCALARS, set_(last_dim(x)).to(i64(WIDTH)))
+    assert proves(known, term, Tensor.rms_norm(x, Tensor.unit_scale(x, WIDTH), 1e-5))
+    unknown = saturated(norms.rules, term, *SCALARS)
+    assert proves(unknown, term, Tensor.rms_normalized(x, 1e-5))
+    assert not proves(unknown, term, Tensor.rms_norm(x, Tensor.unit_scale(x, WIDTH), 1e-5))
+
+
+def test_gamma_multiplied_into_the_reciprocal_root_is_the_norms_scale():
+    root = Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.mul(x, x)), eps))
+    for term in (
+        Tensor.mul(x, Tensor.mul(Tensor.reciprocal(root), g)),
+        Tensor.mul(Tensor.mul(Tensor.reciprocal(root), g), x),
+    ):
+        egraph = saturated(norms.rules, term, *WEIGHTS, *SCALARS)
+        assert proves(egraph, term, Tensor.rms_norm(x, g, 1e-5))
+
+
+def keras_layer_norm_model(param_shape: tuple[int, ...] = (1, 1, WIDTH), center: bool = True) -> onnx.ModelProto:
+    """Keras' LayerNormalization as its exporters write TensorFlow's batch_normalization: means by
+    ``GlobalAveragePool``, i = rsqrt(var + ε) · γ, then x · i + (−mean · i + β), γ and β stored (1, 1, D)."""
+    rng = np.random.default_rng(1)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_out"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(param_shape)).astype(np.float32), "gamma"),
+        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(param_shape)).astype(np.float32), "beta"),
+        onnx.numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["input", "w_in"], ["h"]),
+        helper.make_node("GlobalAveragePool", ["h"], ["mean"]),
+        helper.make_node("Neg", ["mean"], ["neg_mean"]),
+        helper.make_node("Sub", ["h", "mean"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("GlobalAveragePool", ["sq"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+        helper.make_node("Sqrt", ["var_eps"], ["root"]),
+        helper.make_node("Reciprocal", ["root"], ["r"]),
+        helper.make_node("Mul", ["r", "gamma"], ["i"]),
+        helper.make_node("Mul", ["h", "i"], ["scaled"]),
+        helper.make_node("Mul", ["neg_mean", "i"], ["shift"]),
+    ]
+    if center:
+        nodes += [helper.make_node("Add", ["shift", "beta"], ["shift_b"]),
+                  helper.make_node("Add", ["scaled", "shift_b"], ["normed"])]  # fmt: skip
+    else:
+        nodes.append(helper.make_node("Add", ["scaled", "shift"], ["normed"]))
+    nodes.append(helper.make_node("MatMul", ["normed", "w_out"], ["output"]))
+    return feature_model(nodes, inits, "keras_layer_norm", WIDTH)
+
+
+@pytest.mark.parametrize(("target", "center"), one_target_fast([(True,), (False,)], ["beta", "no-beta"]))
+def test_keras_layer_norm_is_layer_norm(center, target):
+    """x · i − mean · i = (x − mean) · i: the batch_normalization form is the layer norm, γ and β written as
+    the (D,) the op takes."""
+    model = keras_layer_norm_model(center=center)
+    result = egfuse.fuse(model, target=target)
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert "LayerNormalization" in _fused_ops(result.model)
+    assert not {"GlobalAveragePool", "Sqrt", "Neg"} & _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+def test_a_scale_of_higher_rank_than_the_input_is_not_the_norms():
+    """γ of shape (1, 1, 1, D) times a (B, S, D) input broadcasts to rank 4: the op's output would lose an axis."""
+    model = keras_layer_norm_model(param_shape=(1, 1, 1, WIDTH))
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    result = egfuse.fuse(model, target="onnx")
+    assert [n.status for n in result.report.layer_ops] == ["not fused"], str(result.report)
     assert_same_outputs(model, result.model, make_feeds(model))
 
 
