@@ -64,7 +64,7 @@ def gelu(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     x = e.value(a.x)
     if node.op != "bias_gelu":
         return e.node(op.op, [x], dict(op.attributes), op.domain, like=x)
-    return e.node(op.op, [x, *_per_feature(e, a.x, x, [a.bias])], {}, op.domain, like=x)
+    return e.node(op.op, [x, *_per_feature(e, a.x, x, [a.bias], hints=("bias",))], {}, op.domain, like=x)
 
 
 def _check_opset(e: EmitterProtocol, op: FusedOp) -> None:
@@ -75,7 +75,13 @@ def _check_opset(e: EmitterProtocol, op: FusedOp) -> None:
 
 
 def _per_feature(
-    e: EmitterProtocol, x_class: EClass, x: ir.Value, params: list[EClass], *, as_constants: bool = False
+    e: EmitterProtocol,
+    x_class: EClass,
+    x: ir.Value,
+    params: list[EClass],
+    *,
+    as_constants: bool = False,
+    hints: tuple[str, ...] = ("gamma", "beta"),
 ) -> list[ir.Value]:
     """Scales, shifts and biases as the ops take them: one value per feature of ``x``'s last axis, shape (D,).
     Stored as (1, …, 1, D) (Keras' γ and β) they are written reshaped; one element broadcast over the axis
@@ -83,10 +89,10 @@ def _per_feature(
     constants even where already (D,)."""
     width = e.static_dim(x_class, x, -1, "the last axis")
     values = []
-    for cid in params:
+    for cid, hint in zip(params, hints, strict=False):
         array = e.constant_array(cid)
         if array.shape[-1:] != (width,) or array.size != width:
             raise ValueError(f"a parameter of shape {array.shape} is not one value per feature")
         keep = array.shape == (width,) and not as_constants
-        values.append(e.value(cid) if keep else e.const(array.reshape(width), "scale"))
+        values.append(e.value(cid) if keep else e.const(array.reshape(width), hint))
     return values
