@@ -198,6 +198,12 @@ _mpt = _hf(  # ALiBi bias, one packed QKV projection split by Slices whose ends 
         **NO_CACHE,
     },
 )
+_glm = _hf(  # interleaved RoPE on half the head, its tables cos[..., :R/2].repeat_interleave(2) of a full table
+    "GlmConfig", "GlmModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None}
+)
+_bitnet = _hf(  # an RMS norm on the attention's output itself, before the output projection
+    "BitNetConfig", "BitNetModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None}
+)
 _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
     "Gemma2Config",
     "Gemma2Model",
@@ -453,6 +459,8 @@ SPECS: dict[str, Spec] = {
         ),
         Spec("deberta_v2_eager", _deberta("eager"), LAYERS, ["mha", "attention bias"]),
         Spec("mpt_eager", _mpt("eager"), LAYERS, ["mha", "causal", "alibi"]),
+        Spec("glm_sdpa", _glm("sdpa"), LAYERS, ["gqa", "causal", "rope interleaved"], kv_heads=HEADS // 2),
+        Spec("bitnet_sdpa", _bitnet("sdpa"), LAYERS, ["gqa", "causal", "rope", "sub-norm"], kv_heads=HEADS // 2),
     ]
 }
 
@@ -510,7 +518,8 @@ SETS = {
         "mpt_eager_bf16",
         "llama_past_sdpa_bf16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
-    "held_out": ["mpt_eager"],  # architectures that broke egfuse on a user's model (tests/exports/test_held_out.py)
+    # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
+    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

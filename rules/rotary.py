@@ -73,6 +73,11 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     # The angles' cos and sin taken after the new axis are the tables' cos and sin with the axis added.
     for f in (Tensor.cos, Tensor.sin):
         yield rewrite(f(Tensor.unsqueeze(a, ax))).to(Tensor.unsqueeze(f(a), ax))
+    # A piece of the last axis taken after a new axis before it is the piece with the axis added (GLM's
+    # interleaved tables: ``cos[..., :R/2].repeat_interleave(2)`` of a table unsqueezed at the heads axis).
+    yield rewrite(Tensor.part(Tensor.unsqueeze(a, ax), -1, h, n)).to(
+        Tensor.unsqueeze(Tensor.part(a, -1, h, n), ax), ax <= i64(-2)
+    )
 
     # The rotations, in two halves that meet in the sum (smaller patterns than the whole sum in every operand
     # order: egglog compiles each). The tables gain a unit axis at x's heads axis (−3 or −2 from the end).

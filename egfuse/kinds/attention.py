@@ -63,6 +63,7 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
     writer.graph.insert_before(region.nodes[-1], emitter.new_nodes)
     for old, new in replacements:
         replace_output(writer.graph, old, new, fresh=new in emitter.created)
+        writer.taken_over[old] = new  # a norm or activation reading the output (BitNet's sub-norm) reads the op's
     entry.status = Status.FUSED
     _certify(writer, entry, region, main, fused_ops[0], region_choice)
     _record(writer, entry, emitter, fused_ops, [writer.target.op_for(op.op) for op in fused_ops])

@@ -6,6 +6,13 @@ original on the export's own feeds.
   export's symbolic dims hold ``Max(0, 1 - s)``, which binding a dim for the cost model expanded forever
   (RecursionError, nothing written); on the ``onnx`` target the standard ``Attention`` on those Slices loaded as a
   (B, S, 0) output in onnxruntime, whose next MatMul refused the model.
+- GLM (interleaved RoPE on half the head, its tables ``cos[..., :R/2].repeat_interleave(2)`` taken after the
+  heads axis was added): the rotations were kept ("the sin table is not unsqueezed at x's heads axis") until a
+  piece of the last axis was read through the new axis before it. ERNIE 4.5, GLM-4 and Helium spell it alike.
+- BitNet (an RMS norm of the attention's output itself): the norm's op read the original output, so the fused
+  attention op was left unused and dropped while the report said fused; validated, it was rolled back.
+
+Beyond the blocks, every norm, activation and rotation found fuses on ort and onnx.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ def test_every_block_fuses_and_matches(entry: dict, target: str):
     report = result.report
     assert report.fused == entry["blocks"], str(report)
     assert report.validated is True, str(report)
-    if target != "npu":  # the npu target writes one op per head
+    if target != "npu":  # the npu target keeps rotations (and the GELU below opset 20), and writes one op a head
+        assert all(r.status == "fused" for r in [*report.layer_ops, *report.rotary]), str(report)
         assert fused_op_count(result.model, target) == entry["blocks"], str(report)
     assert_same_outputs(onnx.load(path), result.model, feeds)
 

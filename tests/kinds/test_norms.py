@@ -302,6 +302,41 @@ def test_a_scale_of_higher_rank_than_the_input_is_not_the_norms():
     assert_same_outputs(model, result.model, make_feeds(model))
 
 
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_norm_of_the_attention_output_reads_the_fused_op(target):
+    """BitNet normalizes the attention's output before its projection: the norm's region reads the attention
+    region's output, so the norm's op must read the fused attention op's (the original ops, read instead,
+    stayed alive and the fused op was dropped as unused while the report said fused)."""
+    from egfuse.testing import Variant, attention_model, feeds_for
+
+    model = attention_model(Variant())
+    (identity,) = [n for n in model.graph.node if n.output[0] == "y"]
+    model.graph.node.remove(identity)  # the norm reads the block's output itself, as BitNet's does
+    width = Variant().heads * Variant().head_dim
+    gamma = (1 + 0.1 * np.random.default_rng(3).standard_normal(width)).astype(np.float32)
+    model.graph.initializer.extend([
+        onnx.numpy_helper.from_array(gamma, "sub_norm_gamma"),
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "sub_norm_two"),
+        onnx.numpy_helper.from_array(np.array(1e-6, np.float32), "sub_norm_eps"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("Pow", [identity.input[0], "sub_norm_two"], ["sub_sq"]),
+        helper.make_node("ReduceMean", ["sub_sq"], ["sub_var"], axes=[-1]),  # (the block is at opset 17)
+        helper.make_node("Add", ["sub_var", "sub_norm_eps"], ["sub_var_eps"]),
+        helper.make_node("Sqrt", ["sub_var_eps"], ["sub_root"]),
+        helper.make_node("Div", [identity.input[0], "sub_root"], ["sub_n"]),
+        helper.make_node("Mul", ["sub_n", "sub_norm_gamma"], ["z"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "z"
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    report = result.report
+    assert report.fused == 1 and [n.status for n in report.layer_ops] == ["fused"] and report.validated, str(report)
+    ops = _fused_ops(result.model)
+    assert {"RMSNormalization"} <= ops and ops & {"Attention", "MultiHeadAttention"} and "Softmax" not in ops
+    assert_same_outputs(model, result.model, feeds)
+
+
 def test_a_norm_written_wrong_is_put_back(monkeypatch):
     """Validation judges norm regions like attention ones: a writer that drops ε by a factor is caught and the
     region keeps its own nodes, with the reason."""
