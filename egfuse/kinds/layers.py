@@ -25,12 +25,11 @@ from egfuse.egraph.enodes import view
 from egfuse.kinds.activation_walk import activation_forward, single_reader_chain, with_constant
 from egfuse.kinds.base import RegionKind
 from egfuse.kinds.regions import Found, Region, anchored_regions
+from egfuse.kinds.values import MEANS
 from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 from egfuse.writing.region_writer import ClassReader, RegionWriter
 
-MEANS = frozenset({"ReduceMean", "GlobalAveragePool"})
-"""The ops a norm's means are spelled with (the pool averages the last axis of a rank-3 tensor: Keras')."""
 NORM_VOCABULARY = MEANS | {"Sub", "Pow", "Mul", "Div", "Add", "Sqrt", "Reciprocal", "Cast"}
 """The ops a norm is spelled with."""
 _MAX_DEPTH = 8

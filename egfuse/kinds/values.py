@@ -7,6 +7,9 @@ import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
 
+MEANS = frozenset({"ReduceMean", "GlobalAveragePool"})
+"""The ops a norm's means are spelled with (the pool averages the last axis of a rank-3 tensor: Keras')."""
+
 
 def constant(value: ir.Value, facts: GraphFacts | None):
     """``value``'s constant array, from the value itself, its ``Constant`` producer or ``facts``."""
@@ -60,9 +63,5 @@ def _root_of_mean(value: ir.Value | None) -> bool:
         return False
     inner = node.inputs[0].producer()
     if inner is not None and inner.op_type == "Add":
-        return any(v is not None and v.producer() is not None and v.producer().op_type in _MEANS for v in inner.inputs)
-    return inner is not None and inner.op_type in _MEANS
-
-
-_MEANS = ("ReduceMean", "GlobalAveragePool")
-"""A norm's mean: the pool averages the last axis of a rank-3 tensor (Keras' exporters)."""
+        return any(v is not None and v.producer() is not None and v.producer().op_type in MEANS for v in inner.inputs)
+    return inner is not None and inner.op_type in MEANS
