@@ -123,8 +123,7 @@ def markdown(rows: dict, failed: dict, seconds: float) -> str:
     ]
     for name, row in rows.items():
         lines.append(f"| {name} | {row['softmaxes']} | " + " | ".join(cell(row[t]) for t in TARGETS) + " |")
-    kept = {t: k for name, row in rows.items() for t in TARGETS for k in row[t].get("kept", [])}
-    if kept:
+    if any(row[t].get("kept") for row in rows.values() for t in TARGETS):
         lines += ["", "Kept as written (first reasons):", ""]
         for name, row in rows.items():
             for target in TARGETS:

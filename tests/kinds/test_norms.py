@@ -88,18 +88,25 @@ def test_a_scale_that_is_not_a_weight_is_not_the_norms_scale():
 WIDTH = 16
 
 
+def _weights(seed: int, gamma_shape, beta_shape) -> list[onnx.TensorProto]:
+    """The two projections around a norm and its γ (about 1) and β (about 0), drawn in that order."""
+    rng = np.random.default_rng(seed)
+    return [
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
+        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_out"),
+        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(gamma_shape)).astype(np.float32), "gamma"),
+        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(beta_shape)).astype(np.float32), "beta"),
+    ]
+
+
 def norm_model(
     kind: str, *, square="pow", division="div", scale_width=WIDTH, eps_inside=True, axis=-1, gamma=True, mean="reduce"
 ) -> onnx.ModelProto:
     """A norm spelled as exporters write it, between two MatMuls (so the region has a producer and a reader).
     ``division="keras"``: γ multiplied into the reciprocal root first; ``gamma=False``: no γ (nor β);
     ``mean="pool"``: the means as ``GlobalAveragePool`` (of the rank-3 activations: the last axis)."""
-    rng = np.random.default_rng(0)
     inits = [
-        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
-        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_out"),
-        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(scale_width)).astype(np.float32), "gamma"),
-        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(WIDTH)).astype(np.float32), "beta"),
+        *_weights(0, scale_width, WIDTH),
         onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"),
         onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
@@ -250,14 +257,7 @@ def test_gamma_multiplied_into_the_reciprocal_root_is_the_norms_scale():
 def keras_layer_norm_model(param_shape: tuple[int, ...] = (1, 1, WIDTH), center: bool = True) -> onnx.ModelProto:
     """Keras' LayerNormalization as its exporters write TensorFlow's batch_normalization: means by
     ``GlobalAveragePool``, i = rsqrt(var + ε) · γ, then x · i + (−mean · i + β), γ and β stored (1, 1, D)."""
-    rng = np.random.default_rng(1)
-    inits = [
-        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_in"),
-        onnx.numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), "w_out"),
-        onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal(param_shape)).astype(np.float32), "gamma"),
-        onnx.numpy_helper.from_array((0.1 * rng.standard_normal(param_shape)).astype(np.float32), "beta"),
-        onnx.numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
-    ]
+    inits = [*_weights(1, param_shape, param_shape), onnx.numpy_helper.from_array(np.array(1e-12, np.float32), "eps")]
     nodes = [
         helper.make_node("MatMul", ["input", "w_in"], ["h"]),
         helper.make_node("GlobalAveragePool", ["h"], ["mean"]),
