@@ -73,7 +73,7 @@ def _norm(
     back = _backward(sqrt.inputs[0], claimed, facts)
     if not any(n.op_type in MEANS for n in back):
         return None
-    forward = _norm_forward(sqrt, facts, claimed)
+    forward = _without_trailing_scales(_norm_forward(sqrt, facts, claimed), facts)
     members = back | {sqrt} | set(forward)
     for n in forward:
         for value in n.inputs:
@@ -191,6 +191,28 @@ def _norm_forward(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> li
         return reader.op_type != "Add" or all(v is not None and facts.const(v) is not None for v in others)
 
     return single_reader_chain(sqrt, claimed, _NORM_FORWARD, accepts)
+
+
+def _without_trailing_scales(forward: list[ir.Node], facts: GraphFacts) -> list[ir.Node]:
+    """The forward chain without the products (and divisions) by a one-element constant after the normalized
+    value: a scalar applied to a norm's output belongs to what reads it (SD3.5 multiplies the normalized Q by
+    the attention's scale, which attention's split-scale rules take), and a norm ending in one is no norm op."""
+    normalized_at = next((i for i, n in enumerate(forward) if n.op_type in _SCALES
+                          and any(v is not None and facts.const(v) is None for v in n.inputs)), None)  # fmt: skip
+    if normalized_at is None:
+        return forward
+    end = len(forward)
+    while end > normalized_at + 1 and _scalar_scale(forward[end - 1], facts):
+        end -= 1
+    return forward[:end]
+
+
+def _scalar_scale(node: ir.Node, facts: GraphFacts) -> bool:
+    """``x · s``, ``s · x`` or ``x / s`` with ``s`` a one-element constant."""
+    if node.op_type not in _SCALES or len(node.inputs) != 2:
+        return False
+    positions = (0, 1) if node.op_type == "Mul" else (1,)
+    return any((c := facts.const(node.inputs[i])) is not None and np.size(c) == 1 for i in positions)
 
 
 def write(region: Region, writer: RegionWriter) -> RegionReport:

@@ -443,3 +443,34 @@ def test_a_query_and_key_norm_is_a_norm_region_not_part_of_attention(target):
     assert all(r.status == "fused" for r in result.report.layer_ops)
     feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
     assert_same_outputs(onnx.load(str(path)), result.model, feeds)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_scalar_applied_to_a_norms_output_stays_outside_the_norm(target):
+    """SD3.5 multiplies its normalized Q by the attention's scale (a one-element constant) before the scores:
+    the norm's region took the product in and was then "scaled by something other than γ". The norm ends before
+    a trailing one-element factor, which stays in the graph for what reads it."""
+    model = norm_model("rms", division="reciprocal")
+    (reader,) = [n for n in model.graph.node if n.output[0] == "output"]
+    reader.input[0] = "scaled_twice"
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0.35], np.float32), "attention_scale"))
+    model.graph.node.insert(list(model.graph.node).index(reader), helper.make_node(
+        "Mul", ["scaled", "attention_scale"], ["scaled_twice"]))  # fmt: skip
+    result = egfuse.fuse(model, target=target)
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert result.report.fused_ops() == {"RMSNormalization": 1}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_sd35s_query_norm_scaled_for_attention_fuses(target):
+    """The SD3.5 export itself (diffusers, dynamo): every norm, activation and attention block fused."""
+    from ..conftest import DATA
+
+    path = DATA / "producers" / "diffusers" / "sd35_fused.dynamo.onnx"
+    result = egfuse.fuse(str(path), target=target)
+    report = result.report
+    assert report.validated and report.fused == len(report.regions), str(report)
+    assert all(r.status == "fused" for r in report.layer_ops), [r.reason for r in report.layer_ops]
+    feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
+    assert_same_outputs(onnx.load(str(path)), result.model, feeds)
