@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from egfuse import progress
+from egfuse.collector import paced_for_fusion
 from egfuse.errors import FeedsError
 from egfuse.files import well_formed
 from egfuse.files.load import LoadedModel, ModelLike, load
@@ -27,6 +28,7 @@ from egfuse.validation import validate as validate_
 __all__ = ["Budgets", "FuseResult", "fuse"]
 
 
+@paced_for_fusion()
 def fuse(
     model: ModelLike,
     target: str | TargetSpec = "ort",
