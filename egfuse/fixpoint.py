@@ -150,10 +150,13 @@ def _judged_rounds(
         failing = verdict.failing
         if not failing:
             return fused_proto, report
-        if round_ < VALIDATION_ROUNDS - 1:
-            failing = upstream_only(failing, fused_proto, report)
         note = report.validation_note
-        excluded.update(ban_forms(failing, report, banned))
+        if verdict.validated is None:  # nothing could be proven (the original does not run, or over the memory
+            excluded.update(failing)  # budget): no other form, and no region alone, would be proven either
+        else:
+            if round_ < VALIDATION_ROUNDS - 1:
+                failing = upstream_only(failing, fused_proto, report)
+            excluded.update(ban_forms(failing, report, banned))
         fused_proto, report = search_once(prepared, chosen)
         if not report.changed:
             report.validated, report.validation_note = None, note

@@ -4,8 +4,8 @@
 
 The text between each pair of markers (``<!-- results:start -->``/``<!-- results:end -->``: coverage, speed
 and latency; ``counts``: rules and patterns; ``drift``: coverage across exporter releases; ``variants``: the
-spelling space; ``producers``: coverage on Keras, timm and open_clip exports; ``reproduce``: how long
-reproduce.sh took) is replaced; nothing else is touched. The plots the
+spelling space; ``producers``: coverage on Keras, timm, open_clip, diffusers and torch's own modules' exports;
+``reproduce``: how long reproduce.sh took) is replaced; nothing else is touched. The plots the
 paper shows are copied into paper/figures/. tests/interface/test_paper.py fails when the committed text differs
 from what this would write.
 """
@@ -163,7 +163,7 @@ def drift() -> str:
 PRODUCERS_START, PRODUCERS_END = "<!-- producers:start -->", "<!-- producers:end -->"
 PRODUCER_NAMES = {
     "keras_tf2onnx": "Keras 3 → tf2onnx", "keras_export": "Keras 3 → `model.export`", "timm": "timm",
-    "open_clip": "open_clip", "diffusers": "diffusers",
+    "open_clip": "open_clip", "diffusers": "diffusers", "torch": "torch's own modules",
 }  # fmt: skip
 
 

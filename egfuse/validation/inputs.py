@@ -57,7 +57,7 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | Non
             if "mask" in name:
                 data = _padding(shape).astype(dtype)
         elif dtype == np.bool_:
-            data = _padding(shape).astype(bool)
+            data = _both_values_in_each_row(_padding(shape).astype(bool))
         elif "mask" in name:
             data = _padding(shape).astype(dtype)
         elif "position" in name and shape:
@@ -188,6 +188,20 @@ def _heavy_padding(shape: tuple[int, ...]) -> np.ndarray:
 def _random_mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     mask = (rng.random(shape) < 0.6).astype(np.float64)
     mask[..., 0] = 1  # every row keeps a key: a row with none means what each convention makes of it
+    return mask
+
+
+def _both_values_in_each_row(mask: np.ndarray) -> np.ndarray:
+    """A boolean mask whose every row (last axis) holds a True and a False: its convention is not in its type
+    (transformers' True keeps a key, torch's ``key_padding_mask`` and ``attn_mask`` True hide one), so a row of
+    one value would, read the other way, hide every key — and the base feeds are where a fused op is held to
+    the original everywhere (fully masked rows are drawn on purpose, and judged as such, in
+    :func:`mask_feed_sets`). A row of all True loses its last key."""
+    if mask.ndim == 0 or mask.shape[-1] < 2:
+        return mask
+    mask = mask.copy()
+    uniform = mask.all(axis=-1) | ~mask.any(axis=-1)
+    mask[uniform, -1] = ~mask[uniform, -1]
     return mask
 
 

@@ -70,3 +70,21 @@ def test_failed_runs_print_nothing(capfd):
     out, err = capfd.readouterr()
     assert out == "" and err == ""
     assert "does not run on the given feeds" in result.report.validation_note
+
+
+def test_what_cannot_be_proven_is_kept_at_once_with_the_reason(monkeypatch):
+    """Where the original itself does not run, no region can be proven in any form: every one is kept in the
+    first round with that reason (the targets with a second form once tried it, and their report said "no fused
+    form validated")."""
+    import egfuse.fixpoint
+
+    searches = []
+    search = egfuse.fixpoint.fuse_once
+    monkeypatch.setattr(egfuse.fixpoint, "fuse_once", lambda *a, **k: searches.append(1) or search(*a, **k))
+    model = _with_opaque_total(Variant(past=True, mask="padding_int", k_layout="transpose_0132"))
+    for target in ("npu", "ort", "onnx"):
+        searches.clear()
+        result = egfuse.fuse(model, target=target, feeds=validate.make_feeds(model))
+        reasons = {r.reason for r in result.report.regions}
+        assert reasons == {"not validated (the original does not run on the given feeds)"}, (target, reasons)
+        assert result.report.validated is None and len(searches) == 2, (target, len(searches))
