@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from egfuse import progress
+from egfuse.branch_search import attention_branches, fuse_through_branches
 from egfuse.collector import paced_for_fusion
 from egfuse.errors import FeedsError
 from egfuse.files import well_formed
@@ -59,7 +60,9 @@ def fuse(
     budgets = budgets or Budgets()
     searched = loaded.proto
     with validate_.using(validation):
-        if functions.calls_local_functions(loaded.proto):
+        if attention_branches(loaded.proto) and not functions.calls_local_functions(loaded.proto):
+            fused_proto, report = fuse_through_branches(fuse_loaded, loaded, chosen, validate, feeds, budgets)
+        elif functions.calls_local_functions(loaded.proto):
             run = (loaded, chosen, validate, feeds, budgets)
             fused_proto, report, searched = fuse_through_functions(fuse_loaded, *run)
         else:

@@ -27,13 +27,39 @@ from pathlib import Path
 
 
 def fused_counts(model) -> dict[str, int]:
+    """The attention ops written, in the graph and in the graphs inside its nodes (an ``If``'s branches: optimum's
+    merged decoders hold every block there); ``model`` an ONNX model or an onnx-ir one."""
+    import onnx
+
     counts: dict[str, int] = {}
-    nodes = model.graph.node if hasattr(model.graph, "node") else list(model.graph)
-    for node in nodes:
-        if "Attention" in node.op_type:
-            key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
-            counts[key] = counts.get(key, 0) + 1
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node if isinstance(graph, onnx.GraphProto) else list(graph):
+            if "Attention" in node.op_type:
+                key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+                counts[key] = counts.get(key, 0) + 1
+            graphs.extend(_subgraphs(node))
     return counts
+
+
+def _subgraphs(node) -> list:
+    """The graphs in a node's attributes (``onnx.NodeProto`` or ``onnx_ir.Node``)."""
+    if not hasattr(node, "attributes"):  # a NodeProto
+        found = []
+        for attr in node.attribute:
+            found.extend([attr.g] if attr.HasField("g") else list(attr.graphs))
+        return found
+    import onnx_ir as ir
+
+    found = []
+    for attr in node.attributes.values():
+        value = attr.value
+        if isinstance(value, ir.Graph):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found.extend(v for v in value if isinstance(v, ir.Graph))
+    return found
 
 
 def peak_rss_mb() -> float:

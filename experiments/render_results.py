@@ -164,6 +164,7 @@ PRODUCERS_START, PRODUCERS_END = "<!-- producers:start -->", "<!-- producers:end
 PRODUCER_NAMES = {
     "keras_tf2onnx": "Keras 3 → tf2onnx", "keras_export": "Keras 3 → `model.export`", "timm": "timm",
     "open_clip": "open_clip", "diffusers": "diffusers", "torch": "torch's own modules",
+    "optimum_merged": "optimum's merged decoders",
 }  # fmt: skip
 
 

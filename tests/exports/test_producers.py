@@ -3,7 +3,8 @@
 tests/data/producers/<producer>/): Keras 3 models through tf2onnx and through keras' own ``model.export``, timm
 vision transformers, open_clip, diffusers (UNet cross-attention, DiT, SD3/SD3.5 joint attention, Flux) and torch's
 own modules (``nn.MultiheadAttention``, ``nn.TransformerEncoder``/``Decoder``, ``F.scaled_dot_product_attention``
-with ``enable_gqa``: ``experiments/producers_torch.py``) through both torch exporters. Every export fuses the
+with ``enable_gqa``: ``experiments/producers_torch.py``) through both torch exporters, and optimum's merged
+decoders (``experiments/merged_decoders.py``: every block inside an ``If``'s branches). Every export fuses the
 blocks the framework counted — or, for the blocks listed in :data:`KNOWN_GAPS`, exactly as many as said there and
 why — validated by egfuse's generated inputs, and the result matches the original on the export's own feeds.
 
@@ -62,7 +63,7 @@ def test_the_corpus_has_every_producer():
     """Keras through both routes, timm, diffusers and torch's own modules, each with a manifest of versions; a
     bare clone has them (committed)."""
     names = {p.name for p in PRODUCERS}
-    assert {"keras_tf2onnx", "timm", "diffusers", "torch"} <= names, names
+    assert {"keras_tf2onnx", "timm", "diffusers", "torch", "optimum_merged"} <= names, names
     for producer in PRODUCERS:
         assert json.loads((producer / "manifest.json").read_text())["models"], producer.name
 

@@ -168,8 +168,10 @@ def test_reason_names_a_training_dropout():
     assert "the probabilities go to Dropout" in result.report.regions[0].reason
 
 
-def _softmax_in_if_body() -> onnx.ModelProto:
-    """A model whose only softmax sits in an If branch: no region can reach it."""
+def _softmax_in_if_body(computed_condition: bool = False) -> onnx.ModelProto:
+    """A model whose only softmax sits in an If branch on a graph input (searched as a model of its own:
+    :mod:`egfuse.branch_search`) or, with ``computed_condition``, on a value computed from one: no region can
+    reach it."""
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
     then = helper.make_graph([helper.make_node("Softmax", ["x"], ["s"], name="hidden_softmax")], "then", [],
@@ -177,13 +179,24 @@ def _softmax_in_if_body() -> onnx.ModelProto:
     other = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "else", [],
                               [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [2, 3])])  # fmt: skip
     cond = helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])  # known only at run time
-    node = helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branch")
-    graph = helper.make_graph([node], "g", [x, cond], [y])
+    node = helper.make_node("If", ["cond_"] if computed_condition else ["cond"], ["y"], then_branch=then,
+                            else_branch=other, name="branch")  # fmt: skip
+    nodes = [helper.make_node("Not", ["cond"], ["cond_"]), node] if computed_condition else [node]
+    graph = helper.make_graph(nodes, "g", [x, cond], [y])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_a_softmax_in_a_branch_on_an_input_is_examined_there():
+    """The branch is searched as a model of its own: its softmax is a region (not attention here), reported with
+    its branch, and nothing is left unexamined."""
+    result = egfuse.fuse(_softmax_in_if_body())
+    assert result.report.unexamined == [] and len(result.report.regions) == 1
+    assert result.report.regions[0].notes[0] == "in If 'branch' then_branch"
+    assert result.report.fused == 0 and not result.report.changed
+
+
 def test_softmax_no_region_covers_is_reported_loudly(tmp_path, capsys):
-    model = _softmax_in_if_body()
+    model = _softmax_in_if_body(computed_condition=True)
     result = egfuse.fuse(model)
     assert result.report.unexamined == ["If 'branch' body: hidden_softmax"]
     assert "1 softmax node was not examined" in str(result.report)
