@@ -206,8 +206,14 @@ def _adopt(report: Report, branch: Report, where: str) -> None:
     if branch.changed:
         report.validated = branch.validated if report.validated is None else report.validated and branch.validated
     for key, value in branch.stats.items():
+        if value is None:
+            continue
         if isinstance(value, int | float) and not isinstance(value, bool):
-            report.stats[key] = report.stats.get(key, 0) + value
+            report.stats[key] = (report.stats.get(key) or 0) + value
+        elif key not in report.stats:  # a stop reason: the first branch's, and another's where it differs
+            report.stats[key] = value
+        elif value not in str(report.stats[key]).split("; "):
+            report.stats[key] = f"{report.stats[key]}; {value}"
     for rule, count in branch.rules.items():
         report.rules[rule] = report.rules.get(rule, 0) + count
 

@@ -3,12 +3,14 @@ between the decoder without a KV cache and the decoder with one (``decoder_model
 optimum's ONNX exports and of the transformers.js models on the Hugging Face Hub).
 
 Each model is a tiny random transformers decoder (2 layers, width 32: Llama with grouped K/V heads and RoPE,
-GPT-2 with its fused QKV projection; SDPA and eager attention), exported twice with torch's TorchScript exporter
-at opset 14 as optimum exports decoders — without a cache (``present.*`` out) and with one (``past_key_values.*``
-in) — and merged by optimum-onnx's own ``merge_decoders``. Every attention block sits inside a branch: ``blocks``
-counts both branches' (layers × 2). The merged model is checked on onnxruntime against torch on both sides of the
-condition; the stored feeds take the cache branch (a decode step: one new token over 4 cached, the second row
-left-padded).
+GPT-2 with its fused QKV projection, BART's decoder with cross-attention to a padded encoder output, whose keys
+and values the cached step reads from the cache; SDPA and eager attention), exported twice with torch's
+TorchScript exporter at opset 14 as optimum exports decoders — without a cache (``present.*`` out) and with one
+(``past_key_values.*`` in; a seq2seq decoder's cached step returns only its own keys and values, as optimum's
+does) — and merged by optimum-onnx's own ``merge_decoders``. Every attention block sits inside a branch:
+``blocks`` counts both branches' (layers × 2, and × 2 again for BART's cross-attention). The merged model is
+checked on onnxruntime against torch on both sides of the condition; the stored feeds take the cache branch (a
+decode step: one new token over 4 cached, the second row left-padded).
 
 Environment: egfuse's venv with the ``corpus`` extra, plus optimum-onnx without its dependencies (it pins
 transformers < 4.58, which its merge does not use)::
@@ -28,8 +30,10 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,49 +51,110 @@ def _config(family: str, impl: str):
                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                         num_key_value_heads=HEADS // 2, max_position_embeddings=64,
                                         attn_implementation=impl)  # fmt: skip
+    if family == "bart":
+        return transformers.BartConfig(vocab_size=99, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                       encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                                       encoder_ffn_dim=2 * WIDTH, decoder_ffn_dim=2 * WIDTH,
+                                       max_position_embeddings=64, attn_implementation=impl)  # fmt: skip
     return transformers.GPT2Config(vocab_size=99, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=64,
                                    attn_implementation=impl)  # fmt: skip
 
 
-def _steps(family: str, impl: str):
-    """The decoder without a cache and with one, sharing one set of weights; each returns the hidden states and
-    the present keys and values."""
+@dataclass
+class Steps:
+    """A decoder's two steps as optimum exports them, sharing one set of weights, and their inputs."""
+
+    no_cache: Any
+    with_cache: Any
+    prompt: dict[str, np.ndarray]  # what the step without a cache reads
+    step: dict[str, np.ndarray]  # what the step with one reads: one new token, the cache
+    present: list[str]  # the outputs beside last_hidden_state, the step without a cache's (the other's a prefix)
+    past: list[str]
+    axes: dict[str, dict[int, str]]
+
+
+def _steps(family: str, impl: str) -> Steps:
+    """The decoder without a cache and with one; each returns the hidden states and the present keys and values
+    (a seq2seq decoder's step with a cache returns only its own: the encoder's are the cache's, as in optimum)."""
     import torch
     import transformers
-    from transformers import DynamicCache
+    from transformers import DynamicCache, EncoderDecoderCache
 
     cfg = _config(family, impl)
-    net = (transformers.LlamaModel if family == "llama" else transformers.GPT2Model)(cfg).eval()
+    rng = np.random.default_rng(0)
+    mask = np.ones((2, PAST + 1), np.int64)
+    mask[1, 0] = 0  # the second row left-padded
+    prompt = {"input_ids": rng.integers(0, 99, (2, PAST + 1)).astype(np.int64), "attention_mask": mask}
+    total = "past_sequence_length + sequence_length"
+    axes = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: total}}
+    seq2seq = family == "bart"
+    kinds = ("decoder", "encoder") if seq2seq else ("",)
+    present = [f"present.{i}.{k}{'.' if k else ''}{t}" for i in range(LAYERS) for k in kinds for t in ("key", "value")]
+    past = [p.replace("present", "past_key_values") for p in present]
+    if seq2seq:
+        net = transformers.BartModel(cfg).get_decoder().eval()
+        encoded = 6
+        encoder_mask = np.ones((2, encoded), np.int64)
+        encoder_mask[1, -2:] = 0
+        prompt.update(encoder_hidden_states=rng.standard_normal((2, encoded, WIDTH)).astype(np.float32),
+                      encoder_attention_mask=encoder_mask)  # fmt: skip
+        axes.update(encoder_hidden_states={0: "batch_size", 1: "encoder_sequence_length"},
+                    encoder_attention_mask={0: "batch_size", 1: "encoder_sequence_length"})  # fmt: skip
+    else:
+        net = (transformers.LlamaModel if family == "llama" else transformers.GPT2Model)(cfg).eval()
+    kv_heads = cfg.num_key_value_heads if family == "llama" else HEADS
+    step = {**prompt, "input_ids": prompt["input_ids"][:, :1]}
+    for name in past:
+        length = encoded if ".encoder." in name else PAST
+        step[name] = rng.standard_normal((2, kv_heads, length, WIDTH // HEADS)).astype(np.float32)
+    for name in present:
+        axes[name] = {0: "batch_size", 2: "encoder_sequence_length" if ".encoder." in name else total}
+    for name in past:
+        axes[name] = {0: "batch_size", 2: "encoder_sequence_length" if ".encoder." in name else "past_sequence_length"}
+    own = [n for n in present if ".encoder." not in n]
 
-    def outputs(out):
-        return (out.last_hidden_state, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+    def run(inputs, cache, *, everything: bool):
+        out = net(**inputs, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        layers = cache.self_attention_cache.layers if seq2seq else cache.layers
+        tensors = [[layer.keys, layer.values] for layer in layers]
+        if seq2seq and everything:
+            tensors = [[*mine, c.keys, c.values] for mine, c in zip(tensors, cache.cross_attention_cache.layers,
+                                                                       strict=True)]  # fmt: skip
+        return (out.last_hidden_state, *[t for pair in tensors for t in pair])
+
+    names = list(prompt)
 
     class NoCache(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.net = net
 
-        def forward(self, input_ids, attention_mask):
+        def forward(self, *args):
             cache = DynamicCache(config=cfg)
-            return outputs(self.net(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                    use_cache=True))  # fmt: skip
+            cache = EncoderDecoderCache(cache, DynamicCache(config=cfg)) if seq2seq else cache
+            return run(dict(zip(names, args, strict=True)), cache, everything=True)
 
     class WithCache(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.net = net
 
-        def forward(self, input_ids, attention_mask, *past):
-            cache = DynamicCache(config=cfg)
+        def forward(self, *args):
+            inputs, tensors = dict(zip(names, args[: len(names)], strict=True)), args[len(names) :]
+            given = dict(zip(past, tensors, strict=True))
+            mine, cross = DynamicCache(config=cfg), DynamicCache(config=cfg)
             for i in range(LAYERS):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            return outputs(self.net(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                    use_cache=True))  # fmt: skip
+                tag = f"{i}.decoder." if seq2seq else f"{i}."
+                mine.update(given[f"past_key_values.{tag}key"], given[f"past_key_values.{tag}value"], i)
+                if seq2seq:
+                    cross.update(given[f"past_key_values.{i}.encoder.key"], given[f"past_key_values.{i}.encoder.value"],
+                                 i)  # fmt: skip
+            return run(inputs, EncoderDecoderCache(mine, cross) if seq2seq else mine, everything=False)
 
-    kv_heads = cfg.num_key_value_heads if family == "llama" else HEADS
     # eval() on the wrappers: the exporter puts back the mode it found, and a wrapper in training mode would
     # turn GPT-2's dropout back on for every later call
-    return NoCache().eval(), WithCache().eval(), kv_heads
+    return Steps(NoCache().eval(), WithCache().eval(), prompt, step, present if seq2seq else own, past, axes)
 
 
 def build(family: str, impl: str, out_dir: Path) -> dict:
@@ -98,47 +163,43 @@ def build(family: str, impl: str, out_dir: Path) -> dict:
     from optimum.onnx.graph_transformations import merge_decoders
 
     name = f"{family}_{impl}"
-    entry = {"name": name, "exporter": "torchscript", "file": None, "blocks": 2 * LAYERS, "error": None,
-             "flavour": ["merged decoder", "kv cache", *(["gqa", "rope"] if family == "llama" else ["mha"])],
-             "heads": HEADS, "head_dim": WIDTH // HEADS}  # fmt: skip
+    flavour = {"llama": ["gqa", "rope"], "gpt2": ["mha"], "bart": ["mha", "cross attention", "encoder cache"]}[family]
+    blocks = 2 * LAYERS * (2 if family == "bart" else 1)  # both branches; self- and cross-attention in BART's
+    entry = {"name": name, "exporter": "torchscript", "file": None, "blocks": blocks, "error": None,
+             "flavour": ["merged decoder", "kv cache", *flavour], "heads": HEADS,
+             "head_dim": WIDTH // HEADS}  # fmt: skip
     start = time.perf_counter()
     torch.manual_seed(0)
-    no_cache, with_cache, kv_heads = _steps(family, impl)
-    present = [f"present.{i}.{k}" for i in range(LAYERS) for k in ("key", "value")]
-    past_names = [f"past_key_values.{i}.{k}" for i in range(LAYERS) for k in ("key", "value")]
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, 99, (2, PAST + 1)).astype(np.int64)
-    mask = np.ones((2, PAST + 1), np.int64)
-    mask[1, 0] = 0  # the second row left-padded
-    past = [rng.standard_normal((2, kv_heads, PAST, WIDTH // HEADS)).astype(np.float32) for _ in past_names]
-    total = "past_sequence_length + sequence_length"
-    axes = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: total},
-            **{p: {0: "batch_size", 2: total} for p in present}}  # fmt: skip
+    steps = _steps(family, impl)
+    own = [p for p in steps.present if ".encoder." not in p]
+    tensors = {name: torch.from_numpy(value) for name, value in {**steps.prompt, **steps.step}.items()}
+    prompt_args = tuple(torch.from_numpy(v) for v in steps.prompt.values())
+    step_args = tuple(tensors[n] for n in steps.step)
     with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings(), \
             contextlib.redirect_stdout(io.StringIO()):  # fmt: skip
         warnings.simplefilter("ignore")
         first, second = Path(scratch) / "decoder.onnx", Path(scratch) / "decoder_with_past.onnx"
-        torch.onnx.export(no_cache, (torch.from_numpy(prompt), torch.from_numpy(mask)), str(first),
-                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state", *present],
-                          dynamic_axes=axes, opset_version=14, dynamo=False)  # fmt: skip
-        cached = {**axes, **{p: {0: "batch_size", 2: "past_sequence_length"} for p in past_names}}
-        step = (torch.from_numpy(prompt[:, :1]), torch.from_numpy(mask), *(torch.from_numpy(p) for p in past))
-        torch.onnx.export(with_cache, step, str(second), input_names=["input_ids", "attention_mask", *past_names],
-                          output_names=["last_hidden_state", *present], dynamic_axes=cached, opset_version=14,
+        torch.onnx.export(steps.no_cache, prompt_args, str(first), input_names=list(steps.prompt),
+                          output_names=["last_hidden_state", *steps.present], dynamic_axes=steps.axes,
+                          opset_version=14, dynamo=False)  # fmt: skip
+        torch.onnx.export(steps.with_cache, step_args, str(second), input_names=list(steps.step),
+                          output_names=["last_hidden_state", *own], dynamic_axes=steps.axes, opset_version=14,
                           dynamo=False)  # fmt: skip
         path = out_dir / f"{name}.torchscript.onnx"
         merge_decoders(str(first), str(second), strict=False, save_path=str(path))
-    feeds = {"input_ids": prompt[:, :1], "attention_mask": mask, **dict(zip(past_names, past, strict=True)),
-             "use_cache_branch": np.array([True])}  # fmt: skip
+    feeds = {**steps.step, "use_cache_branch": np.array([True])}
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     diff = 0.0
-    for use_cache, args, inputs in ((True, step, feeds), (False, (torch.from_numpy(prompt), torch.from_numpy(mask)),
-                                    {"input_ids": prompt, "attention_mask": mask})):  # fmt: skip
+    names = [o.name for o in session.get_outputs()]
+    for use_cache, module, args, inputs, outputs in (
+        (True, steps.with_cache, step_args, steps.step, ["last_hidden_state", *own]),
+        (False, steps.no_cache, prompt_args, steps.prompt, ["last_hidden_state", *steps.present]),
+    ):
         with torch.no_grad():
-            expected = (with_cache if use_cache else no_cache)(*args)
-        run = {**feeds, **inputs, "use_cache_branch": np.array([use_cache])}
-        got = session.run(None, run)
-        diff = max(diff, *(float(np.max(np.abs(g - e.numpy()))) for g, e in zip(got, expected, strict=True)))
+            expected = dict(zip(outputs, module(*args), strict=True))
+        got = dict(zip(names, session.run(None, {**feeds, **inputs, "use_cache_branch": np.array([use_cache])}),
+                       strict=True))  # fmt: skip
+        diff = max(diff, *(float(np.max(np.abs(got[n] - e.numpy()))) for n, e in expected.items()))
     entry["framework_max_abs_diff"] = diff
     if not diff <= TOLERANCE:
         path.unlink()
@@ -157,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for family in ("llama", "gpt2"):
+    for family in ("llama", "gpt2", "bart"):
         for impl in ("sdpa", "eager"):
             entry = build(family, impl, args.out)
             print(f"{entry['name']:<12} {'ok' if entry['error'] is None else entry['error']}", flush=True)

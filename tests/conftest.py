@@ -27,6 +27,8 @@ def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, feeds
     for name in expected:
         e, a = expected[name], actual[name]
         assert e.shape == a.shape, name
+        if not e.size:  # (an empty output: a merged decoder's cross-attention cache on the cached branch)
+            continue
         diff = np.abs(e.astype(np.float64) - a.astype(np.float64))
         diff = np.where(np.isnan(e) & np.isnan(a), 0.0, diff)
         assert np.nanmax(diff) <= atol, f"{name}: max abs diff {np.nanmax(diff):.3g} > {atol}"
