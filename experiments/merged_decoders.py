@@ -3,14 +3,16 @@ between the decoder without a KV cache and the decoder with one (``decoder_model
 optimum's ONNX exports and of the transformers.js models on the Hugging Face Hub).
 
 Each model is a tiny random transformers decoder (2 layers, width 32: Llama with grouped K/V heads and RoPE,
-GPT-2 with its fused QKV projection, BART's decoder with cross-attention to a padded encoder output, whose keys
-and values the cached step reads from the cache; SDPA and eager attention), exported twice with torch's
-TorchScript exporter at opset 14 as optimum exports decoders — without a cache (``present.*`` out) and with one
-(``past_key_values.*`` in; a seq2seq decoder's cached step returns only its own keys and values, as optimum's
-does) — and merged by optimum-onnx's own ``merge_decoders``. Every attention block sits inside a branch:
-``blocks`` counts both branches' (layers × 2, and × 2 again for BART's cross-attention). The merged model is
-checked on onnxruntime against torch on both sides of the condition; the stored feeds take the cache branch (a
-decode step: one new token over 4 cached, the second row left-padded).
+GPT-2 with its fused QKV projection, BART's and Whisper's decoders with cross-attention to an encoder output
+(BART's padded; Whisper's decoder takes no mask at all, as optimum exports it), whose keys and values the cached
+step reads from the cache; SDPA and eager attention), exported twice with torch's TorchScript exporter at opset
+14 as optimum exports decoders — without a cache (``present.*`` out) and with one (``past_key_values.*`` in; a
+seq2seq decoder's cached step returns only its own keys and values, as optimum's does) — and merged by
+optimum-onnx's own ``merge_decoders``. Every attention block sits inside a branch: ``blocks`` counts both
+branches' (layers × 2, and × 2 again for the cross-attention of BART and Whisper). The merged model is checked
+on onnxruntime against torch on both sides of the condition; the stored feeds take the cache branch (a decode
+step: one new token over 4 cached, the second row left-padded). Re-exporting gives the same graphs, though not
+always the same bytes (optimum's merge orders shared initializers by Python's string hashes).
 
 Environment: egfuse's venv with the ``corpus`` extra, plus optimum-onnx without its dependencies (it pins
 transformers < 4.58, which its merge does not use)::
@@ -51,6 +53,12 @@ def _config(family: str, impl: str):
                                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                         num_key_value_heads=HEADS // 2, max_position_embeddings=64,
                                         attn_implementation=impl)  # fmt: skip
+    if family == "whisper":
+        return transformers.WhisperConfig(vocab_size=99, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                          encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                                          encoder_ffn_dim=2 * WIDTH, decoder_ffn_dim=2 * WIDTH, num_mel_bins=8,
+                                          max_source_positions=16, max_target_positions=16, pad_token_id=0,
+                                          attn_implementation=impl)  # fmt: skip
     if family == "bart":
         return transformers.BartConfig(vocab_size=99, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
                                        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
@@ -87,19 +95,22 @@ def _steps(family: str, impl: str) -> Steps:
     prompt = {"input_ids": rng.integers(0, 99, (2, PAST + 1)).astype(np.int64), "attention_mask": mask}
     total = "past_sequence_length + sequence_length"
     axes = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: total}}
-    seq2seq = family == "bart"
+    seq2seq = family in ("bart", "whisper")
     kinds = ("decoder", "encoder") if seq2seq else ("",)
     present = [f"present.{i}.{k}{'.' if k else ''}{t}" for i in range(LAYERS) for k in kinds for t in ("key", "value")]
     past = [p.replace("present", "past_key_values") for p in present]
     if seq2seq:
-        net = transformers.BartModel(cfg).get_decoder().eval()
+        net = (transformers.BartModel if family == "bart" else transformers.WhisperModel)(cfg).get_decoder().eval()
         encoded = 6
-        encoder_mask = np.ones((2, encoded), np.int64)
-        encoder_mask[1, -2:] = 0
-        prompt.update(encoder_hidden_states=rng.standard_normal((2, encoded, WIDTH)).astype(np.float32),
-                      encoder_attention_mask=encoder_mask)  # fmt: skip
-        axes.update(encoder_hidden_states={0: "batch_size", 1: "encoder_sequence_length"},
-                    encoder_attention_mask={0: "batch_size", 1: "encoder_sequence_length"})  # fmt: skip
+        prompt["encoder_hidden_states"] = rng.standard_normal((2, encoded, WIDTH)).astype(np.float32)
+        axes["encoder_hidden_states"] = {0: "batch_size", 1: "encoder_sequence_length"}
+        if family == "bart":
+            encoder_mask = np.ones((2, encoded), np.int64)
+            encoder_mask[1, -2:] = 0
+            prompt["encoder_attention_mask"] = encoder_mask
+            axes["encoder_attention_mask"] = {0: "batch_size", 1: "encoder_sequence_length"}
+        else:  # optimum's Whisper decoder takes no mask: the causal one comes from the positions
+            del prompt["attention_mask"], axes["attention_mask"]
     else:
         net = (transformers.LlamaModel if family == "llama" else transformers.GPT2Model)(cfg).eval()
     kv_heads = cfg.num_key_value_heads if family == "llama" else HEADS
@@ -163,8 +174,9 @@ def build(family: str, impl: str, out_dir: Path) -> dict:
     from optimum.onnx.graph_transformations import merge_decoders
 
     name = f"{family}_{impl}"
-    flavour = {"llama": ["gqa", "rope"], "gpt2": ["mha"], "bart": ["mha", "cross attention", "encoder cache"]}[family]
-    blocks = 2 * LAYERS * (2 if family == "bart" else 1)  # both branches; self- and cross-attention in BART's
+    cross = ["mha", "cross attention", "encoder cache"]
+    flavour = {"llama": ["gqa", "rope"], "gpt2": ["mha"], "bart": cross, "whisper": [*cross, "no mask"]}[family]
+    blocks = 2 * LAYERS * (2 if family in ("bart", "whisper") else 1)  # both branches; self- and cross-attention
     entry = {"name": name, "exporter": "torchscript", "file": None, "blocks": blocks, "error": None,
              "flavour": ["merged decoder", "kv cache", *flavour], "heads": HEADS,
              "head_dim": WIDTH // HEADS}  # fmt: skip
@@ -218,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for family in ("llama", "gpt2", "bart"):
+    for family in ("llama", "gpt2", "bart", "whisper"):
         for impl in ("sdpa", "eager"):
             entry = build(family, impl, args.out)
             print(f"{entry['name']:<12} {'ok' if entry['error'] is None else entry['error']}", flush=True)

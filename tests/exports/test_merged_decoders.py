@@ -20,19 +20,21 @@ MERGED = DATA / "producers" / "optimum_merged"
 def _feeds(path, use_cache: bool) -> dict[str, np.ndarray]:
     """The stored decode step, or (without the cache) the prompt it continues: five tokens, the same masks."""
     feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
-    if not use_cache:
+    if not use_cache:  # (Whisper's decoder takes no mask: the prompt's length is the cache's and the new token's)
+        cached = next(v.shape for k, v in feeds.items() if k.startswith("past_key_values") and ".encoder." not in k)
         rng = np.random.default_rng(5)
-        feeds["input_ids"] = rng.integers(0, 99, feeds["attention_mask"].shape).astype(np.int64)
+        feeds["input_ids"] = rng.integers(0, 99, (cached[0], cached[2] + 1)).astype(np.int64)
     feeds["use_cache_branch"] = np.array([use_cache])
     return feeds
 
 
 @pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize("model", [f"{m}_{i}" for m in ("llama", "gpt2", "bart") for i in ("sdpa", "eager")])
+@pytest.mark.parametrize("model", [f"{m}_{i}" for m in ("llama", "gpt2", "bart", "whisper") for i in ("sdpa", "eager")])
 def test_both_branches_fuse_and_the_model_matches_on_both_sides(model, target):
-    """Llama (grouped K/V heads, RoPE), GPT-2 and BART's decoder (self- and cross-attention: 8 blocks)."""
+    """Llama (grouped K/V heads, RoPE), GPT-2, and BART's and Whisper's decoders (self- and cross-attention: 8
+    blocks; Whisper's with no mask input at all)."""
     path = MERGED / f"{model}.torchscript.onnx"
-    blocks = 8 if model.startswith("bart") else 4
+    blocks = 8 if model.startswith(("bart", "whisper")) else 4
     result = egfuse.fuse(str(path), target=target)
     report = result.report
     assert report.fused == len(report.regions) == blocks and report.validated, str(report)
