@@ -71,9 +71,10 @@ def admit_standard_attention(
             "MultiHeadAttention, RoPE stays as it was)"
         )
         return None, target.below_opset(old), note
+    newer = sorted({op.op for op in target.ops if op.domain in ("", "ai.onnx") and op.opset > old})
     note = (
-        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard ops onnxruntime "
-        "runs fastest: Attention on (B, N, S, H) inputs and grouped K/V heads, RotaryEmbedding"
+        f"opset {old} → {STANDARD_ATTENTION_OPSET} (onnx's version converter) for the standard ops target "
+        f"{target.name} writes from a newer opset ({', '.join(newer)})"
     )
     return converted, target, note
 
