@@ -35,10 +35,7 @@ Environment: the timm venv (experiments/requirements-timm.txt) plus diffusers
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -228,15 +225,8 @@ NO_EAGER = sorted(f"{s.name}_eager" for s in SPECS if "eager" not in s.impls)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=producers_timm.DEFAULT_OUT / PRODUCER)
-    parser.add_argument("--only", nargs="*", help="models (default: all)")
-    parser.add_argument("--timeout", type=float, default=producers_timm.TIMEOUT, help="seconds per export")
-    args = parser.parse_args(argv)
     extra = {"no_eager_processor": NO_EAGER}  # the classes diffusers gives no eager processor: _fused only
-    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # exporters drop *.sarif in cwd
-        return producers_timm.export_producer(PRODUCER, args.out.resolve(), args.only, args.timeout, SPECS,
-                                              PACKAGES, extra)  # fmt: skip
+    return producers_timm.producer_main(argv, __doc__, PRODUCER, SPECS, PACKAGES, extra)
 
 
 if __name__ == "__main__":

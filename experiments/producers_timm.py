@@ -460,6 +460,19 @@ def export_producer(producer: str, out_dir: Path, only: list[str] | None, timeou
     return 0
 
 
+def producer_main(argv: list[str] | None, doc: str, producer: str, specs: list[Spec], packages: tuple[str, ...],
+                  extra: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """The command line of a producer built on this module's exporters (diffusers, torch's own modules):
+    ``--out``, ``--only``, ``--timeout``, then :func:`export_producer` in a scratch working directory."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / producer)
+    parser.add_argument("--only", nargs="*", help="models (default: all)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per export")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # exporters drop *.sarif in cwd
+        return export_producer(producer, args.out.resolve(), args.only, args.timeout, specs, packages, extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--producers", nargs="*", default=list(SPECS), choices=list(SPECS))

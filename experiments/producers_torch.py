@@ -37,10 +37,7 @@ Environment: egfuse's own venv with the ``corpus`` extra (torch 2.13)::
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,13 +221,7 @@ SPECS: list[Spec] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=producers_timm.DEFAULT_OUT / PRODUCER)
-    parser.add_argument("--only", nargs="*", help="models (default: all)")
-    parser.add_argument("--timeout", type=float, default=producers_timm.TIMEOUT, help="seconds per export")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # exporters drop *.sarif in cwd
-        return producers_timm.export_producer(PRODUCER, args.out.resolve(), args.only, args.timeout, SPECS, PACKAGES)
+    return producers_timm.producer_main(argv, __doc__, PRODUCER, SPECS, PACKAGES)
 
 
 if __name__ == "__main__":
