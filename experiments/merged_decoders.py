@@ -3,16 +3,17 @@ between the decoder without a KV cache and the decoder with one (``decoder_model
 optimum's ONNX exports and of the transformers.js models on the Hugging Face Hub).
 
 Each model is a tiny random transformers decoder (2 layers, width 32: Llama with grouped K/V heads and RoPE,
-GPT-2 with its fused QKV projection, BART's and Whisper's decoders with cross-attention to an encoder output
-(BART's padded; Whisper's decoder takes no mask at all, as optimum exports it), whose keys and values the cached
-step reads from the cache; SDPA and eager attention), exported twice with torch's TorchScript exporter at opset
-14 as optimum exports decoders — without a cache (``present.*`` out) and with one (``past_key_values.*`` in; a
-seq2seq decoder's cached step returns only its own keys and values, as optimum's does) — and merged by
-optimum-onnx's own ``merge_decoders``. Every attention block sits inside a branch: ``blocks`` counts both
-branches' (layers × 2, and × 2 again for the cross-attention of BART and Whisper). The merged model is checked
-on onnxruntime against torch on both sides of the condition; the stored feeds take the cache branch (a decode
-step: one new token over 4 cached, the second row left-padded). Re-exporting gives the same graphs, though not
-always the same bytes (optimum's merge orders shared initializers by Python's string hashes).
+GPT-2 with its fused QKV projection, the decoders of BART, Whisper and T5 with cross-attention to an encoder
+output (BART's and T5's padded; Whisper's decoder takes no mask at all, as optimum exports it; T5's scores
+unscaled, with its relative position bias), whose keys and values the cached step reads from the cache; SDPA and
+eager attention), exported twice with torch's TorchScript exporter at opset 14 as optimum exports decoders —
+without a cache (``present.*`` out) and with one (``past_key_values.*`` in; a seq2seq decoder's cached step
+returns only its own keys and values, as optimum's does) — and merged by optimum-onnx's own ``merge_decoders``.
+Every attention block sits inside a branch: ``blocks`` counts both branches' (layers × 2, and × 2 again for the
+seq2seq decoders' cross-attention). The merged model is checked on onnxruntime against torch on both sides of
+the condition; the stored feeds take the cache branch (a decode step: one new token over 4 cached, the second row
+left-padded). Re-exporting gives the same graphs, though not always the same bytes (optimum's merge orders shared
+initializers by Python's string hashes).
 
 Environment: egfuse's venv with the ``corpus`` extra, plus optimum-onnx without its dependencies (it pins
 transformers < 4.58, which its merge does not use)::
@@ -59,6 +60,11 @@ def _config(family: str, impl: str):
                                           encoder_ffn_dim=2 * WIDTH, decoder_ffn_dim=2 * WIDTH, num_mel_bins=8,
                                           max_source_positions=16, max_target_positions=16, pad_token_id=0,
                                           attn_implementation=impl)  # fmt: skip
+    if family == "t5":
+        return transformers.T5Config(vocab_size=99, d_model=WIDTH, d_kv=WIDTH // HEADS, d_ff=2 * WIDTH,
+                                     num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS,
+                                     relative_attention_num_buckets=8, decoder_start_token_id=0, dropout_rate=0.0,
+                                     attn_implementation=impl)  # fmt: skip
     if family == "bart":
         return transformers.BartConfig(vocab_size=99, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
                                        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
@@ -95,16 +101,19 @@ def _steps(family: str, impl: str) -> Steps:
     prompt = {"input_ids": rng.integers(0, 99, (2, PAST + 1)).astype(np.int64), "attention_mask": mask}
     total = "past_sequence_length + sequence_length"
     axes = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: total}}
-    seq2seq = family in ("bart", "whisper")
+    seq2seq = family in ("bart", "whisper", "t5")
     kinds = ("decoder", "encoder") if seq2seq else ("",)
     present = [f"present.{i}.{k}{'.' if k else ''}{t}" for i in range(LAYERS) for k in kinds for t in ("key", "value")]
     past = [p.replace("present", "past_key_values") for p in present]
     if seq2seq:
-        net = (transformers.BartModel if family == "bart" else transformers.WhisperModel)(cfg).get_decoder().eval()
+        model = {"bart": transformers.BartModel, "whisper": transformers.WhisperModel, "t5": transformers.T5Model}[
+            family
+        ]
+        net = model(cfg).get_decoder().eval()
         encoded = 6
         prompt["encoder_hidden_states"] = rng.standard_normal((2, encoded, WIDTH)).astype(np.float32)
         axes["encoder_hidden_states"] = {0: "batch_size", 1: "encoder_sequence_length"}
-        if family == "bart":
+        if family in ("bart", "t5"):
             encoder_mask = np.ones((2, encoded), np.int64)
             encoder_mask[1, -2:] = 0
             prompt["encoder_attention_mask"] = encoder_mask
@@ -175,8 +184,9 @@ def build(family: str, impl: str, out_dir: Path) -> dict:
 
     name = f"{family}_{impl}"
     cross = ["mha", "cross attention", "encoder cache"]
-    flavour = {"llama": ["gqa", "rope"], "gpt2": ["mha"], "bart": cross, "whisper": [*cross, "no mask"]}[family]
-    blocks = 2 * LAYERS * (2 if family in ("bart", "whisper") else 1)  # both branches; self- and cross-attention
+    flavour = {"llama": ["gqa", "rope"], "gpt2": ["mha"], "bart": cross, "whisper": [*cross, "no mask"],
+               "t5": [*cross, "relative position bias", "no scale"]}[family]  # fmt: skip
+    blocks = 2 * LAYERS * (1 if family in ("llama", "gpt2") else 2)  # both branches; self- and cross-attention
     entry = {"name": name, "exporter": "torchscript", "file": None, "blocks": blocks, "error": None,
              "flavour": ["merged decoder", "kv cache", *flavour], "heads": HEADS,
              "head_dim": WIDTH // HEADS}  # fmt: skip
@@ -230,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for family in ("llama", "gpt2", "bart", "whisper"):
+    for family in ("llama", "gpt2", "bart", "whisper", "t5"):
         for impl in ("sdpa", "eager"):
             entry = build(family, impl, args.out)
             print(f"{entry['name']:<12} {'ok' if entry['error'] is None else entry['error']}", flush=True)

@@ -29,12 +29,13 @@ def _feeds(path, use_cache: bool) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("target", ["ort", "onnx"])
-@pytest.mark.parametrize("model", [f"{m}_{i}" for m in ("llama", "gpt2", "bart", "whisper") for i in ("sdpa", "eager")])
+@pytest.mark.parametrize("model", [f"{m}_{i}" for m in ("llama", "gpt2", "bart", "whisper", "t5")
+                                   for i in ("sdpa", "eager")])  # fmt: skip
 def test_both_branches_fuse_and_the_model_matches_on_both_sides(model, target):
-    """Llama (grouped K/V heads, RoPE), GPT-2, and BART's and Whisper's decoders (self- and cross-attention: 8
-    blocks; Whisper's with no mask input at all)."""
+    """Llama (grouped K/V heads, RoPE), GPT-2, and the decoders of BART, Whisper (no mask input at all) and T5
+    (relative position bias, no scale): self- and cross-attention, 8 blocks."""
     path = MERGED / f"{model}.torchscript.onnx"
-    blocks = 8 if model.startswith(("bart", "whisper")) else 4
+    blocks = 4 if model.startswith(("llama", "gpt2")) else 8
     result = egfuse.fuse(str(path), target=target)
     report = result.report
     assert report.fused == len(report.regions) == blocks and report.validated, str(report)
