@@ -60,11 +60,11 @@ def fuse(
     budgets = budgets or Budgets()
     searched = loaded.proto
     with validate_.using(validation):
-        if attention_branches(loaded.proto) and not functions.calls_local_functions(loaded.proto):
-            fused_proto, report = fuse_through_branches(fuse_loaded, loaded, chosen, validate, feeds, budgets)
-        elif functions.calls_local_functions(loaded.proto):
+        if functions.calls_local_functions(loaded.proto):
             run = (loaded, chosen, validate, feeds, budgets)
             fused_proto, report, searched = fuse_through_functions(fuse_loaded, *run)
+        elif attention_branches(loaded.proto):
+            fused_proto, report = fuse_through_branches(fuse_loaded, loaded, chosen, validate, feeds, budgets)
         else:
             fused_proto, report = fuse_loaded(loaded, chosen, validate, feeds, budgets)
     examined = {r.softmax for r in report.regions}  # If branches on known conditions were folded into the graph

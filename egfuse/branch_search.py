@@ -19,7 +19,9 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
+from egfuse.files import protos
 from egfuse.files.load import LoadedModel, default_opset
+from egfuse.files.well_formed import outer_reads
 from egfuse.preparation.renumbering import only_renumbered
 from egfuse.report import Report, Status
 from egfuse.validation import validate as validate_
@@ -55,8 +57,7 @@ def fuse_through_branches(
     its branch. Where the branches cannot be searched apart or the whole model does not agree, ``loaded``'s
     model comes back unchanged, the report saying why."""
     proto = loaded.proto
-    merged = onnx.ModelProto()
-    merged.CopyFrom(proto)
+    merged: onnx.ModelProto | None = None  # copied once a branch is rewritten: a model nothing changed in is not
     report = Report(source=loaded.source, target=chosen.name, nodes_before=_node_count(proto.graph))
     opsets: dict[str, int] = {}
     replaced: list[tuple[int, str]] = []
@@ -70,12 +71,15 @@ def fuse_through_branches(
         _adopt(report, branch, where)
         if not branch.changed:
             continue
+        if merged is None:
+            merged = onnx.ModelProto()
+            merged.CopyFrom(proto)
         for entry in fused.opset_import:
             opsets[entry.domain] = max(opsets.get(entry.domain, 0), entry.version)
         merged.ir_version = max(merged.ir_version, fused.ir_version)
         _put_back(merged, index, name, fused, proto)
         replaced.append((index, name))
-    if not report.changed:
+    if merged is None:
         return proto, report
     old, new = default_opset(proto), opsets.get("", 0)
     if new > old and not only_renumbered(_without(merged, replaced), old, new):
@@ -107,7 +111,7 @@ def standalone(proto: onnx.ModelProto, index: int, name: str) -> tuple[onnx.Mode
     graph inputs it reads as inputs, its outputs as outputs. None (and why) where it reads a value computed
     before the ``If``: feeds generated for it would stand for nothing the model computes."""
     branch = next(a.g for a in proto.graph.node[index].attribute if a.name == name)
-    read = _outer_reads(branch)
+    read = outer_reads(branch)
     inputs = {i.name: i for i in proto.graph.input}
     initializers = {t.name: t for t in proto.graph.initializer}
     computed = sorted(read - inputs.keys() - initializers.keys())
@@ -126,19 +130,6 @@ def standalone(proto: onnx.ModelProto, index: int, name: str) -> tuple[onnx.Mode
     graph.output.extend(branch.output)
     graph.value_info.extend(branch.value_info)
     return model, ""
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """The names ``graph`` (and the graphs inside it) reads but does not define."""
-    defined = {t.name for t in graph.initializer} | {i.name for i in graph.input}
-    defined |= {o for node in graph.node for o in node.output}
-    read: set[str] = set()
-    for node in graph.node:
-        read.update(n for n in node.input if n)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                read |= _outer_reads(sub)
-    return read - defined
 
 
 def _put_back(merged: onnx.ModelProto, index: int, name: str, fused: onnx.ModelProto, proto: onnx.ModelProto) -> None:
@@ -230,10 +221,5 @@ def _kept(report: Report, why: str) -> Report:
 
 
 def _node_count(graph: onnx.GraphProto) -> int:
-    count = 0
-    for node in graph.node:
-        count += 1
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                count += _node_count(sub)
-    return count
+    """Nodes in ``graph`` and in the graphs inside them: a merged decoder's are all in its ``If``."""
+    return sum(1 + sum(_node_count(sub) for sub in protos.subgraphs(node)) for node in graph.node)

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from egfuse.analysis.dim_eval import evaluate
 from egfuse.analysis.dim_polys import Poly, is_sum, normal_form, parse_poly, poly_div, poly_mul, poly_of
+from egfuse.files import protos
 
 __all__ = ["Dim", "Shape", "evaluate", "integer_text_dims", "product", "reshape_result", "shape_of"]
 
@@ -168,9 +169,8 @@ def integer_text_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
     def infos(graph: onnx.GraphProto):
         yield from (*graph.input, *graph.output, *graph.value_info)
         for node in graph.node:
-            for attr in node.attribute:
-                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                    yield from infos(sub)
+            for sub in protos.subgraphs(node):
+                yield from infos(sub)
 
     def text_dims(model: onnx.ModelProto):
         for info in infos(model.graph):

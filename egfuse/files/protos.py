@@ -41,6 +41,12 @@ _ALIGNMENT = 1 << 16
 Linux, 64 KiB on Windows); elsewhere it reads a private copy."""
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (an ``If``'s branches, a ``Loop``'s or ``Scan``'s body)."""
+    return [graph for attr in node.attribute
+            for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]  # fmt: skip
+
+
 def tensor_bytes(tensor: onnx.TensorProto, *, external_too: bool = False) -> int:
     """The size of a tensor's data held in the proto (or, ``external_too``, in a file), from its dims (reading
     ``raw_data`` would copy it)."""

@@ -199,12 +199,13 @@ def _cycle(start: int, waiting: list[set[int]], graph: onnx.GraphProto) -> list[
 def _reads(node: onnx.NodeProto) -> Iterable[str]:
     """What a node reads: its inputs and the outer names its bodies read."""
     yield from (name for name in node.input if name)
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            yield from sorted(_outer_reads(sub))
+    for sub in protos.subgraphs(node):
+        yield from sorted(outer_reads(sub))
 
 
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names ``graph`` (and the graphs inside it) reads but does not define: what a body reads from the
+    graph around it."""
     local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     local |= {o for node in graph.node for o in node.output}
     return {name for node in graph.node for name in _reads(node)} - local
