@@ -7,17 +7,14 @@ interleaved runs, medians after warm-up.
     pip install --no-deps optimum==2.1.0 optimum-onnx==0.1.0     # (merged_decoders.py's environment)
     python experiments/bench_merged.py
 
-Writes results/merged_latency.{json,md}.
+Writes results/merged_latency.{json,md} (timing and files as the microbenchmarks', ``microbench.py``).
 """
 
 from __future__ import annotations
 
-import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -26,8 +23,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import merged_decoders  # noqa: E402 - experiments/ is not a package
+from microbench import interleaved_medians, sessions, write_results  # noqa: E402
 
-RESULTS = HERE / "results"
 LAYERS, WIDTH, HEADS, LENGTH, RUNS, WARM_UP = 4, 512, 8, 512, 30, 5
 
 
@@ -55,21 +52,13 @@ def main() -> int:
             raise SystemExit(f"the merged decoder was not made: {entry['error']}")
         original = Path(scratch) / entry["file"]
         result = egfuse.fuse(str(original), target="ort")
-        fused = Path(scratch) / "fused.onnx"
-        onnx.save(result.model, fused)
-        sessions = {name: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-                    for name, path in (("original", original), ("egfuse:ort", fused))}  # fmt: skip
+        contenders = sessions({"original": onnx.load(original), "egfuse:ort": result.model})
         rng = np.random.default_rng(0)
         rows = {}
         for label, feeds in ((f"decode step over {LENGTH} cached", _feeds(rng, LENGTH, 1, True)),
                              (f"prompt of {LENGTH}", _feeds(rng, 1, LENGTH, False))):  # fmt: skip
-            times: dict[str, list[float]] = {name: [] for name in sessions}
-            for _ in range(RUNS):
-                for name, session in sessions.items():
-                    start = time.perf_counter()
-                    session.run(None, feeds)
-                    times[name].append(time.perf_counter() - start)
-            medians = {name: statistics.median(t[WARM_UP:]) * 1e3 for name, t in times.items()}
+            interleaved_medians(contenders, feeds, WARM_UP)  # warm-up rounds, not counted
+            medians = {name: s * 1e3 for name, s in interleaved_medians(contenders, feeds, RUNS - WARM_UP).items()}
             rows[label] = {"ms": {n: round(v, 3) for n, v in medians.items()},
                            "ratio": round(medians["egfuse:ort"] / medians["original"], 3)}  # fmt: skip
     report = result.report
@@ -78,15 +67,13 @@ def main() -> int:
         "fused": {"blocks": report.fused, "of": len(report.regions), "validated": report.validated,
                   "ops": report.fused_ops()},
         "rows": rows, "runs": RUNS, "warm_up": WARM_UP,
-        "versions": {"python": platform.python_version(), "onnxruntime": metadata.version("onnxruntime"),
-                     "egfuse": metadata.version("egfuse")},
+        "versions": {"python": platform.python_version(), "egfuse": metadata.version("egfuse")},
     }  # fmt: skip
-    (RESULTS / "merged_latency.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = [
         "# Merged decoder latency (bench_merged)",
         "",
         f"A Llama-shaped merged decoder (optimum's layout; hidden {WIDTH}, {HEADS} query heads over {HEADS // 2} K/V "
-        f"heads, {LAYERS} layers) on onnxruntime {data['versions']['onnxruntime']} CPU, batch 1, median of "
+        f"heads, {LAYERS} layers) on onnxruntime {ort.__version__} CPU, batch 1, median of "
         f"{RUNS - WARM_UP} interleaved runs; egfuse fused {report.fused}/{len(report.regions)} blocks "
         f"(validated: {report.validated}).",
         "",
@@ -96,9 +83,8 @@ def main() -> int:
             f"| {label} | {r['ms']['original']:.2f} ms | {r['ms']['egfuse:ort']:.2f} ms | {r['ratio']:.3f}× |"
             for label, r in rows.items()
         ),
-        "",
     ]
-    (RESULTS / "merged_latency.md").write_text("\n".join(lines))
+    write_results("merged_latency", data, lines)
     print("\n".join(lines))
     return 0
 
