@@ -10,12 +10,13 @@ whose fused outputs disagree with the original on onnxruntime is rolled back and
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from egfuse import progress
 from egfuse.branch_search import attention_branches, fuse_through_branches
 from egfuse.collector import paced_for_fusion
 from egfuse.errors import FeedsError
-from egfuse.files import well_formed
+from egfuse.files import node_metadata, well_formed
 from egfuse.files.load import LoadedModel, ModelLike, load
 from egfuse.fixpoint import fuse_loaded
 from egfuse.inlined_search import fuse_through_functions, unloadable_note
@@ -56,6 +57,9 @@ def fuse(
                              opset=loaded.opset, source=loaded.source)  # fmt: skip
     if feeds is not None and validate:
         _check_feed_names(feeds, loaded)
+    given = loaded.proto  # handed back as it is where nothing changes
+    lean, metadata = node_metadata.set_aside(given)
+    loaded = replace(loaded, proto=lean)
     checker_note = well_formed.checker_note(loaded.proto)
     budgets = budgets or Budgets()
     searched = loaded.proto
@@ -72,6 +76,10 @@ def fuse(
     if checker_note:
         report.notes.append(unloadable_note(loaded, report, searched) or checker_note)
     report.notes.extend(_provider_notes(priced, providers))
+    if not report.changed:
+        fused_proto = given
+    elif metadata is not None:
+        metadata.put_back(fused_proto)
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:
         sign(fused_proto)

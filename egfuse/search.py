@@ -176,7 +176,8 @@ def _extracted(
     for region in repeats.representatives:
         lowerer.lower(region)
     # Only the rules that can fire on these terms, or on any region's alone (its certificate's e-graph).
-    alone = (c for lowered in repeats.lowered.values() for c in lowered.commands)
+    # Equal lowerings (the layers) call the same constructors: each distinct one is read once.
+    alone = (c for lowered in set(repeats.lowered.values()) for c in lowered.commands)
     session.register(ruleset, session.constructors_in([*lowerer.table.commands, *alone]))
     report.stats["rules_loaded"] = session.rules_loaded
     session.egraph.push()  # the terms above the rules: popped once read back, the certificates reuse the rules

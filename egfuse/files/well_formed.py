@@ -8,6 +8,7 @@ below, which no runtime can make sense of, stop the run."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Iterable
@@ -71,15 +72,18 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], source: str, opset: in
     """Definitions before reads, each name once, outputs produced, tensors sized; subgraphs (If/Loop/Scan
     bodies) also read the names their node sees."""
     _check_text(graph, source, where)
-    defined: dict[str, str] = {}
+    defined: dict[str, str | int] = {}  # name → what defines it (a node by its index: labelled only for a message)
 
-    def define(name: str, by: str) -> None:
+    def by(what: str | int) -> str:
+        return what if isinstance(what, str) else f"node {_label(graph.node[what], what)}"
+
+    def define(name: str, what: str | int) -> None:
         if not name:
             return
         if name in defined:
-            twice = f"value {name!r}{where} is defined twice: by {defined[name]} and by {by}"
+            twice = f"value {name!r}{where} is defined twice: by {by(defined[name])} and by {by(what)}"
             raise InvalidModelError(twice, path=source)
-        defined[name] = by
+        defined[name] = what
 
     inputs = {i.name for i in graph.input}
     for value in graph.input:
@@ -91,9 +95,8 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], source: str, opset: in
     for tensor in graph.sparse_initializer:
         define(tensor.values.name, "a sparse initializer")
     for index, node in enumerate(graph.node):
-        label = _label(node, index)
         for output in node.output:
-            define(output, f"node {label}")
+            define(output, index)
     known = set(defined) | outer
     order = _run_order(graph, known, source, where)
     for index, node in enumerate(graph.node):
@@ -114,10 +117,9 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], source: str, opset: in
 def _check_attributes(node: onnx.NodeProto, index: int, opset: int, source: str, where: str) -> None:
     """Each attribute of a standard op has the type its schema declares (a ``perm`` given as one int is no
     permutation); ops onnx does not define are onnxruntime's to judge."""
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset, node.domain) if node.domain in ("", "ai.onnx") else None
-    except onnx.defs.SchemaError:
-        schema = None
+    if not node.attribute:
+        return
+    schema = _schema(node.op_type, opset, node.domain) if node.domain in ("", "ai.onnx") else None
     for attr in node.attribute:
         declared = schema.attributes.get(attr.name) if schema is not None else None
         if attr.type == onnx.AttributeProto.UNDEFINED or (declared is not None and attr.type != declared.type):
@@ -127,6 +129,15 @@ def _check_attributes(node: onnx.NodeProto, index: int, opset: int, source: str,
                 f"{onnx.AttributeProto.AttributeType.Name(attr.type)}{expected}",
                 path=source,
             )
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema(op_type: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
+    """The op's schema at the opset (None: onnx does not define it); asked once per op, not per node."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
 
 
 def _check_text(graph: onnx.GraphProto, source: str, where: str) -> None:
@@ -149,6 +160,8 @@ def _run_order(graph: onnx.GraphProto, known: set[str], source: str, where: str)
     """An order that runs each node after what it reads, the earliest ready node first (Kahn's algorithm: the
     graph's own order where it is one); a read of a name defined nowhere, or a cycle, is refused with the node
     named."""
+    if _in_order(graph, known):  # the usual case, one pass: every read defined above its reader
+        return list(range(len(graph.node)))
     producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
     waiting: list[set[int]] = []
     readers: dict[int, list[int]] = {}
@@ -183,6 +196,19 @@ def _run_order(graph: onnx.GraphProto, known: set[str], source: str, where: str)
         cycle = _cycle(stuck, waiting, graph)
         raise InvalidModelError(f"the nodes form a cycle{where}: {' → '.join(cycle)}", path=source)
     return order
+
+
+def _in_order(graph: onnx.GraphProto, known: set[str]) -> bool:
+    """Whether each node reads only what the graph's inputs, initializers, the outer graph (all in ``known``,
+    with every node's outputs) or a node above it define: then the graph's own order runs, and is the order
+    Kahn's algorithm would give (it takes the earliest ready node first)."""
+    outputs = {o for node in graph.node for o in node.output if o}
+    ready = known - outputs
+    for node in graph.node:
+        if not all(name in ready for name in _reads(node)):
+            return False
+        ready.update(o for o in node.output if o)
+    return True
 
 
 def _cycle(start: int, waiting: list[set[int]], graph: onnx.GraphProto) -> list[str]:
