@@ -197,7 +197,8 @@ class GraphFacts:
         ins = [self.const(v) if v is not None else None for v in node.inputs]
         known = all(c is not None or v is None for c, v in zip(ins, node.inputs, strict=True))
         if known and op in NUMPY and ins and result_size(op, ins) <= MAX_CONST_ELEMENTS:
-            result = NUMPY[op](node, ins)
+            with np.errstate(all="ignore"):  # log(0) → −inf, as onnxruntime computes it: no warning for the user
+                result = NUMPY[op](node, ins)
             if result is not None and np.size(result) <= MAX_CONST_ELEMENTS:
                 self._set_const(out, np.asarray(result))
                 return
