@@ -204,6 +204,24 @@ _glm = _hf(  # interleaved RoPE on half the head, its tables cos[..., :R/2].repe
 _bitnet = _hf(  # an RMS norm on the attention's output itself, before the output projection
     "BitNetConfig", "BitNetModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None}
 )
+_vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
+    "VitDetConfig",
+    "VitDetModel",
+    lambda: {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)},
+    {
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "mlp_ratio": 2,
+        "image_size": 16,
+        "pretrain_image_size": 16,
+        "patch_size": 4,
+        "num_channels": 3,
+        "window_size": 2,
+        "window_block_indices": [0],
+        "use_relative_position_embeddings": True,
+    },
+)
 _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
     "Gemma2Config",
     "Gemma2Model",
@@ -461,6 +479,7 @@ SPECS: dict[str, Spec] = {
         Spec("mpt_eager", _mpt("eager"), LAYERS, ["mha", "causal", "alibi"]),
         Spec("glm_sdpa", _glm("sdpa"), LAYERS, ["gqa", "causal", "rope interleaved"], kv_heads=HEADS // 2),
         Spec("bitnet_sdpa", _bitnet("sdpa"), LAYERS, ["gqa", "causal", "rope", "sub-norm"], kv_heads=HEADS // 2),
+        Spec("vitdet_eager", _vitdet("eager"), LAYERS, ["mha", "windows", "decomposed relative positions"]),
     ]
 }
 
@@ -519,7 +538,7 @@ SETS = {
         "llama_past_sdpa_bf16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
-    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa"],
+    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

@@ -6,6 +6,7 @@ op extraction chose for it, with its certificate, or kept as written with the fi
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import onnx_ir as ir
 
@@ -42,7 +43,11 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
         functions=functions.origin([region.anchor, *region.nodes], writer.origins),
     )
     region_classes = writer.repeats.classes_of(region, writer.class_of)
-    main = region_classes.get(region.main_output)
+    output = _fused_output(region, writer, region_classes)
+    if output is not region.main_output:
+        entry.output = output.name
+        entry.notes.append(f"written at {output.name!r}: {_TAIL_NOTE}")
+    main = region_classes.get(output)
     chosen = _chosen(region, writer, entry, main, region_classes)
     if chosen is None:
         return entry
@@ -51,23 +56,63 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
     emitter = writer.emitter(region, region_choice, "r")
     # Only outputs whose program goes through the fused op are rewritten; the rest (a mask shared with
     # the next layer, a projection used elsewhere) keep their original nodes.
+    outputs = region.outputs if output in region.outputs else [*region.outputs, output]
     try:
         replacements = [
             (out, emitter.value(region_classes[out]))
-            for out in region.outputs
+            for out in outputs
             if out in region_classes and fused_nodes(region_classes[out], region_choice)
         ] + emitter.also_replace
     except (ValueError, KeyError) as err:  # nothing was inserted yet: the region stays as it was
         entry.reason = f"the fused form could not be written as ONNX: {err}"
         return entry
-    writer.graph.insert_before(region.nodes[-1], emitter.new_nodes)
+    writer.graph.insert_before(_first_reader(region, output), emitter.new_nodes)
     for old, new in replacements:
         replace_output(writer.graph, old, new, fresh=new in emitter.created)
         writer.taken_over[old] = new  # a norm or activation reading the output (BitNet's sub-norm) reads the op's
     entry.status = Status.FUSED
-    _certify(writer, entry, region, main, fused_ops[0], region_choice)
+    _certify(writer, entry, region, output, main, fused_ops[0], region_choice)
     _record(writer, entry, emitter, fused_ops, [writer.target.op_for(op.op) for op in fused_ops])
     return entry
+
+
+_TAIL_LAYOUT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
+_TAIL_NOTE = (
+    "the layout ops after it (a head split the rules do not read back into the op's output, such as "
+    "windowed attention's (B·N, S, H) → (B, N, h, w, H) view) stay as the graph wrote them, reading the fused op"
+)
+
+
+def _fused_output(region: Region, writer: RegionWriter, region_classes) -> ir.Value:
+    """The value the fused op is written at: the region's main output, or — where its class holds no fused
+    form — the nearest value before it on the region's layout tail (attention · V, then only views and
+    transposes) whose class does. A reshape of the heads no rule reads then keeps the graph's own nodes after
+    the op instead of keeping the whole region as written (the algebra stops at the op's output; nothing after
+    it changes meaning)."""
+    main = region.main_output
+    members = set(region.nodes)
+    value, node = main, main.producer()
+    while not _has_fused_form(writer, region_classes.get(value)):
+        if node is None or node not in members or node.op_type not in _TAIL_LAYOUT or not node.inputs:
+            return main
+        value = node.inputs[0]
+        if value is None:
+            return main
+        node = value.producer()
+    return value
+
+
+def _has_fused_form(writer: RegionWriter, cid: EClass | None) -> bool:
+    return cid is not None and any(c["form"] in FUSED and c["cost_us"] for c in writer.price(cid))
+
+
+def _first_reader(region: Region, output: ir.Value) -> ir.Node:
+    """Where the fused nodes go: before the region's last node, or — written at a value on the layout tail —
+    before the first region node reading it (the tail's nodes after it read the op's output)."""
+    if output is region.main_output:
+        return region.nodes[-1]
+    readers = {use.node for use in output.uses()}
+    return next((node for node in region.nodes if node in readers), region.nodes[-1])
 
 
 def _chosen(
@@ -128,11 +173,20 @@ def _forced(region: Region, writer: RegionWriter, entry: RegionReport, main: ECl
 
 
 def _certify(
-    writer: RegionWriter, entry: RegionReport, region: Region, main: EClass, form: ENode, choice: dict
+    writer: RegionWriter,
+    entry: RegionReport,
+    region: Region,
+    output: ir.Value,
+    main: EClass,
+    form: ENode,
+    choice: dict,
 ) -> None:
     start = time.perf_counter()
     through = _path_to_form(main, form, choice)
-    entry.certificate = writer.certifier.certify(writer.alone[region.index], entry.form, through).to_json()
+    alone = writer.alone[region.index]
+    if output is not region.main_output and output in alone.values:  # written on the layout tail: that class
+        alone = replace(alone, output=alone.values.index(output))
+    entry.certificate = writer.certifier.certify(alone, entry.form, through).to_json()
     writer.seconds_certify += time.perf_counter() - start
 
 

@@ -186,7 +186,56 @@ class LayoutTerms(GroupTerms):
         repeated = self._repeat_heads(node, dst)
         if repeated is not None:
             return repeated
-        return self._one_class(self._meaning(args[0], src, dst), self._through_views(node, dst)) or generic
+        known = self._one_class(self._meaning(args[0], src, dst), self._through_views(node, dst))
+        return known or self._view_of_sum(node) or generic
+
+    def _view_of_sum(self, node: ir.Node) -> str | None:
+        """``Reshape(Reshape(x, V) + a + b …, shape(x))``: the scores viewed in other axes only to add terms there
+        (decomposed relative positions, ViTDet's and SAM's: (B·N, h·w, h·w) viewed as (B·N, h, w, h, w), a
+        height term and a width term added, viewed back). A view keeps the elements' order and the terms
+        together have the view's full shape, so the view back distributes over the sum: ``x + Reshape(a + b …,
+        shape(x))`` — the scores plus one bias the attention op takes. Only where the view back has no layout
+        meaning of its own: (B, N, S, T) → (B·N, S, T) is ``merge_lead``, which the heads rules move outward."""
+        dst = self.facts.shape(node.outputs[0])
+        addends = self._addends(node.inputs[0])
+        if dst is None or None in dst or addends is None:
+            return None
+        views = [v for v in addends if self._viewed_from(v, tuple(dst)) is not None]
+        if len(views) != 1:
+            return None
+        (view,) = views
+        terms = [v for v in addends if v is not view]
+        full = self.facts.shape(view)
+        if not terms or full is None or None in full or _broadcast([self.facts.shape(v) for v in terms]) != tuple(full):
+            return None
+        parts = [self._arg(v, self._inside) for v in [self._viewed_from(view, tuple(dst)), *terms]]
+        if None in parts:
+            return None
+        total = parts[1]
+        for part in parts[2:]:
+            total = self._call("add", total, part)
+        bias = self._call("reshape", total, self._arg(node.inputs[1], self._inside))
+        self._facts(node.outputs[0], bias, leaf=False)  # the bias has the view's shape back: the scores'
+        return self._call("add", parts[0], bias)
+
+    def _addends(self, value: ir.Value) -> list[ir.Value] | None:
+        """The values a chain of ``Add`` nodes inside the region sums (each Add read only by the next)."""
+        node = value.producer()
+        if node is None or node.op_type != "Add" or value not in self._inside or len(node.inputs) != 2:
+            return None
+        found: list[ir.Value] = []
+        for operand in node.inputs:
+            inner = self._addends(operand) if operand is not None and len(operand.uses()) == 1 else None
+            found.extend(inner if inner is not None else [operand])
+        return None if None in found else found
+
+    def _viewed_from(self, value: ir.Value, shape: tuple[Dim, ...]) -> ir.Value | None:
+        """The tensor of ``shape`` that ``value`` is a Reshape of (inside the region), if it is one."""
+        node = value.producer()
+        if node is None or node.op_type != "Reshape" or value not in self._inside:
+            return None
+        source = node.inputs[0]
+        return source if source is not None and self.facts.shape(source) == shape else None
 
     def _through_views(self, node: ir.Node, dst: tuple[Dim, ...]) -> str | None:
         """A chain of views (Reshape, Squeeze, Unsqueeze: each keeps the elements in row-major order) is one
@@ -285,3 +334,19 @@ class LayoutTerms(GroupTerms):
             )
             return self._call("transpose", moved, quoted("0,2,1"))
         return None
+
+
+def _broadcast(shapes: list) -> tuple[Dim, ...] | None:
+    """The shape numpy broadcasting gives ``shapes`` (None where one is unknown or they do not broadcast)."""
+    if any(shape is None or None in shape for shape in shapes):
+        return None
+    rank = max(len(shape) for shape in shapes)
+    result = [Dim(1)] * rank
+    for shape in shapes:
+        for axis, dim in enumerate((Dim(1),) * (rank - len(shape)) + tuple(shape)):
+            if dim == result[axis] or dim == Dim(1):
+                continue
+            if result[axis] != Dim(1):
+                return None
+            result[axis] = dim
+    return tuple(result)

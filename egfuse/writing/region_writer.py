@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from egfuse.analysis.facts import GraphFacts
 from egfuse.egraph import candidates
-from egfuse.egraph.certify import Certifier
+from egfuse.egraph.certify import Certifier, LoweredRegion
 from egfuse.egraph.cost import CostModel
 from egfuse.egraph.extract import Choice
 from egfuse.egraph.session import EClass, ENode
@@ -48,7 +48,7 @@ class RegionWriter:
     repeats: Repeats
     class_of: dict[ir.Value, EClass]
     certifier: Certifier
-    alone: dict[int, str]
+    alone: dict[int, LoweredRegion]
     """Each attention region's commands lowered alone: its certificate is saturated from them."""
     excluded: dict[tuple[str, int], tuple[str, float]]
     """What validation rolled back, by (kind, index), with the reason and the difference it measured."""

@@ -11,6 +11,11 @@ original on the export's own feeds.
   piece of the last axis was read through the new axis before it. ERNIE 4.5, GLM-4 and Helium spell it alike.
 - BitNet (an RMS norm of the attention's output itself): the norm's op read the original output, so the fused
   attention op was left unused and dropped while the report said fused; validated, it was rolled back.
+- ViTDet (windowed and global attention on (B·N, S, H) unbound from one (3, B·N, S, H) view; decomposed relative
+  positions added to the scores viewed as (B·N, h, w, h, w); the output viewed as (B, N, h, w, H) and permuted):
+  nothing fused ("recognition stopped at Squeeze") until the op was written at the attention's own output where
+  the layout after it is not read back, and the view back of the scores distributed over the position terms.
+  segment-anything's encoder spells it alike.
 
 Beyond the blocks, every norm, activation and rotation found fuses on ort and onnx.
 """
@@ -40,7 +45,12 @@ def test_every_block_fuses_and_matches(entry: dict, target: str):
     feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
     result = egfuse.fuse(path, target=target)
     report = result.report
-    assert report.fused == entry["blocks"], str(report)
+    kept = [r for r in report.regions if r.status != "fused"]
+    if target == "npu":  # single-head attentions are priced against the graph's own ops: a block may stay by cost
+        assert all("predicted cheaper" in r.reason for r in kept), str(report)
+    else:
+        assert not kept, str(report)
+    assert report.fused + len(kept) == entry["blocks"], str(report)
     assert report.validated is True, str(report)
     if target != "npu":  # the npu target keeps rotations (and the GELU below opset 20), and writes one op a head
         assert all(r.status == "fused" for r in [*report.layer_ops, *report.rotary]), str(report)
