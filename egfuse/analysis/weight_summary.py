@@ -22,6 +22,9 @@ class Summary:
     finite_bound: float | None
     bound: float | None
     halves_repeat: bool
+    pairs_repeat: bool = False
+    """Each even element along the last axis equals the next, and not every element is the same: a RoPE table
+    stored (or folded, in a static-shape export) with each entry twice in pairs, ``repeat_interleave(t, 2)``."""
 
 
 _CHUNK_ELEMENTS = 1 << 22
@@ -40,7 +43,9 @@ def summarize(array: np.ndarray) -> Summary:
     rows = array.reshape(-1, array.shape[-1]) if array.ndim >= 1 and array.size else array.reshape(1, -1)
     half = rows.shape[1] // 2 if rows.shape[1] % 2 == 0 and rows.shape[1] > 0 else 0
     step = max(1, _CHUNK_ELEMENTS // max(1, rows.shape[1]))
-    finite, largest, halves = True, 0.0, bool(half) and np.issubdtype(array.dtype, np.floating)
+    floating = np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16
+    finite, largest, halves = True, 0.0, bool(half) and floating
+    pairs, first, varies = bool(half) and floating and array.ndim >= 2, None, False
     for start in range(0, rows.shape[0], step):
         chunk = np.asarray(rows[start : start + step], np.float64)
         mask = np.isfinite(chunk)
@@ -48,8 +53,12 @@ def summarize(array: np.ndarray) -> Summary:
         if mask.any():
             largest = max(largest, float(np.max(np.abs(chunk[mask]))))
         halves = halves and bool(np.array_equal(chunk[:, :half], chunk[:, half:]))
+        pairs = pairs and bool(np.array_equal(chunk[:, 0::2], chunk[:, 1::2]))
+        if pairs and not varies and chunk.size:
+            first = chunk.flat[0] if first is None else first
+            varies = bool(np.any(chunk != first))
         del chunk, mask
-    return Summary(finite, largest, largest if finite else None, halves)
+    return Summary(finite, largest, largest if finite else None, halves, pairs and varies)
 
 
 def release(value: ir.Value) -> None:

@@ -208,6 +208,8 @@ class TermWriter:
                 cmds.append(f"({self.n['per_feature']} {term})")
         if stored is not None and len(stored) >= 2:
             summary = self.facts.summary(value)  # a stored cos/sin table: its halves compared, once
+            if summary is not None and summary.pairs_repeat:
+                cmds.extend(self._paired_table_lines(term, stored))
             if summary is not None and summary.halves_repeat:
                 cmds.append(f"({self.n['halves_repeat']} {term})")
                 if len(stored) == 4:  # stored with the heads axis already added (a decode step's folded table)
@@ -216,6 +218,22 @@ class TermWriter:
                             squeezed = self._call("squeeze", term, str(axis))
                             cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, str(axis))})")
                             cmds.append(f"({self.n['halves_repeat']} {squeezed})")
+        return cmds
+
+    def _paired_table_lines(self, term: str, stored: tuple[int, ...]) -> list[str]:
+        """A stored table with each entry twice in pairs is ``repeat_interleave`` of its even entries:
+        ``t = interleave(t[..., 0::2], t[..., 0::2])`` — the interleaved RoPE table a static-shape export folds
+        to a constant. Stored with the heads axis already added ((1, 1, S, R)), it is also that axis put back on
+        the table without it, so the rules see the unsqueeze they look for."""
+        cmds: list[str] = []
+        tables = [term]
+        if len(stored) == 4 and stored[-3] == 1:
+            squeezed = self._call("squeeze", term, "-3")
+            cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, '-3')})")
+            tables.append(squeezed)
+        for table in tables:
+            even = self._call("strided", table, "0")
+            cmds.append(f"(union {table} {self._call('interleave', even, even)})")
         return cmds
 
     def _arg(self, value: ir.Value | None, inside: set[ir.Value]) -> str | None:

@@ -3,6 +3,8 @@ blocks attention fusion, and is put back by validation if it ever differs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -257,3 +259,33 @@ def test_a_rotation_the_rules_cannot_prove_is_explained_where_the_proof_stopped(
     result = egfuse.fuse(onnx.load(path), target="ort", validate=False)
     assert result.report.rotary and all(r.status == "not fused" for r in result.report.rotary)
     assert all("halves are not provably equal (it comes from Slice)" in r.reason for r in result.report.rotary)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_a_folded_interleaved_table_is_the_interleave_of_its_even_entries(partial):
+    """A static-shape export cuts a stored (max_positions, R) buffer at a fixed length: the interleaved table
+    (each entry twice in pairs, ``repeat_interleave(t, 2)``) is a constant, no computation left to prove its
+    pairs from. Its values say it: ``t = interleave(t[..., 0::2], t[..., 0::2])`` (RoFormer and GPT-J exported
+    with fixed shapes). Before, the rotations stayed: "the sin table is not repeat_interleave(t, 2)"."""
+    # dataclasses.replace, not Variant.replaced: the sampler's repair draws fixed-length buffers as positions
+    variant = dataclasses.replace(ROPE, rope_tables="buffer", rope_interleaved=True, symbolic=False,
+                                  rope_partial=partial, head_dim=16 if partial else ROPE.head_dim)  # fmt: skip
+    model = attention_model(variant)
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert [r.status.value for r in result.report.rotary] == ["fused", "fused"], str(result.report)
+    assert all(r.variant.startswith("interleaved") for r in result.report.rotary)
+    assert len(_rotary_ops(result.model)) == 2
+    assert_same_outputs(model, result.model, feeds)
+
+
+def test_a_constant_with_equal_pairs_everywhere_is_no_table():
+    """Every element the same (a zero bias) repeats in pairs trivially: it is not stated as an interleave, which
+    would only grow the e-graph."""
+    from egfuse.analysis.weight_summary import summarize
+
+    assert summarize(np.repeat(np.arange(6, dtype=np.float32).reshape(2, 3), 2, axis=-1)).pairs_repeat
+    assert not summarize(np.zeros((4, 8), np.float32)).pairs_repeat
+    assert not summarize(np.arange(8, dtype=np.float32).reshape(2, 4)).pairs_repeat
+    assert not summarize(np.repeat(np.arange(3, dtype=np.int64), 2)[None]).pairs_repeat  # not a float table
