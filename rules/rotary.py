@@ -79,6 +79,22 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
         Tensor.unsqueeze(Tensor.part(a, -1, h, n), ax), ax <= i64(-2)
     )
 
+    # An even piece of the last axis of interleaved pairs is the interleave of the pieces half as wide (timm's
+    # EVA stores sin and cos side by side, both repeat_interleave'd, and splits them).
+    yield rewrite(Tensor.part(Tensor.interleave(a, b), -1, h, n)).to(
+        Tensor.interleave(Tensor.part(a, -1, h / i64(2), n / i64(2)), Tensor.part(b, -1, h / i64(2), n / i64(2))),
+        eq(h % i64(2)).to(i64(0)),
+        eq(n % i64(2)).to(i64(0)),
+    )
+    # A (S, R) table times a (B, N, S, R) x broadcasts as the table with the heads axis added: stated so for an
+    # interleaved table (timm's EVA multiplies by its stored (S, R) tables, no Unsqueeze written).
+    for product in _products(x, Tensor.interleave(a, a)):
+        yield rewrite(product).to(
+            Tensor.mul(x, Tensor.interleave(Tensor.unsqueeze(a, -3), Tensor.unsqueeze(a, -3))),
+            rank_of(x) == i64(4),
+            rank_of(Tensor.interleave(a, a)) == i64(2),
+        )
+
     # The rotations, in two halves that meet in the sum (smaller patterns than the whole sum in every operand
     # order: egglog compiles each). The tables gain a unit axis at x's heads axis (−3 or −2 from the end).
     heads_axis = (ax >= i64(-3), ax <= i64(-2), rank_of(x) == i64(4))

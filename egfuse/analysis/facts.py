@@ -226,6 +226,19 @@ class GraphFacts:
         for out, part in zip(node.outputs, parts, strict=True):
             result = tuple(part if i == axis else d for i, d in enumerate(shape))
             self._shape[out] = sharpened(self.shape(out), result)
+        self._fold_split(node, axis, parts)
+
+    def _fold_split(self, node: ir.Node, axis: int, parts: list[Dim | None]) -> None:
+        """The pieces of a small constant split at static sizes are constants too (timm's EVA stores its sin and
+        cos tables side by side and splits them: the pieces' values are what the rotation's proof reads)."""
+        whole = self.const(node.inputs[0])
+        if whole is None or any(p is None or p.static is None for p in parts):
+            return
+        sizes = [p.static for p in parts]
+        if axis >= whole.ndim or sum(sizes) != whole.shape[axis]:
+            return
+        for out, piece in zip(node.outputs, np.split(whole, np.cumsum(sizes)[:-1], axis=axis), strict=True):
+            self._set_const(out, piece)
 
     def _visit_constant(self, node: ir.Node, out: ir.Value) -> None:
         for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):

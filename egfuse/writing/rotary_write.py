@@ -33,10 +33,16 @@ def rotary(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     if dtype not in op.dtypes:
         raise ValueError(f"onnxruntime has no RotaryEmbedding kernel for {dtype}")
     expand = False
+    tables = []
     for table, cid, name in ((cos, r.cos, "cos"), (sin, r.sin, "sin")):
         shape = e.facts.shape(table) if table not in e.created else None
         shape = shape or e.shapes.get(cid)  # a table written here (its cos taken after the heads axis was added)
+        if shape is not None and len(shape) == 2:  # (S, width), broadcast over the batch: (1, S, width) for the op
+            table = e.node("Unsqueeze", [table, e.const(np.array([0], np.int64), "batch_axis")], like=table)
+            shape = (Dim(1), *shape)
         expand |= _check_table(table, shape, name, x, x_shape, width, heads_axis, interleaved)
+        tables.append(table)
+    cos, sin = tables
     if not interleaved:  # the op reads the first of the two equal halves
         bounds = [e.const(np.array([v], np.int64), "half") for v in (0, width // 2, -1)]
         cos, sin = (e.node("Slice", [t, *bounds], like=t) for t in (cos, sin))

@@ -78,3 +78,23 @@ def test_every_block_fuses_and_matches(producer: Path, entry: dict, target: str)
     assert report.fused == expected, f"{why}\n{report}"
     assert report.validated is not False, str(report)
     assert_same_outputs(onnx.load(path), result.model, feeds)
+
+
+@pytest.mark.parametrize("export", ["eva_eager.torchscript.onnx", "eva_fused.torchscript.onnx"])
+def test_evas_side_by_side_tables_are_its_rotations_tables(export):
+    """timm's EVA stores sin and cos side by side in one (S, 2R) buffer, each repeat_interleave'd, splits it, and
+    multiplies the (B, N, S, R) query and key by the (S, R) pieces with no Unsqueeze: the pieces of a constant
+    are constants whose entries repeat in pairs, an even piece of interleaved pairs is the interleave of the
+    pieces half as wide, and an (S, R) table broadcasts as the table with the heads axis added — so the op
+    reads them (unsqueezed to (1, S, R/2) and expanded to the batch). Before, every rotation stayed: "the sin
+    table is not repeat_interleave(t, 2)"."""
+    path = DATA / "producers" / "timm" / export
+    if not path.exists():
+        pytest.skip(f"{path.name} is not in this checkout")
+    result = egfuse.fuse(path, target="onnx")
+    report = result.report
+    assert report.validated is True and report.rotary, str(report)
+    assert all(r.status == "fused" for r in report.rotary), str(report)
+    assert sum(n.op_type == "RotaryEmbedding" for n in result.model.graph.node) == len(report.rotary)
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    assert_same_outputs(onnx.load(path), result.model, feeds)
