@@ -222,6 +222,23 @@ _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed re
         "use_relative_position_embeddings": True,
     },
 )
+_sam_vision = _hf(  # segment-anything's encoder: windows, decomposed relative positions as SDPA's mask, a 5D output
+    "SamVisionConfig",
+    "SamVisionModel",
+    lambda: {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)},
+    {
+        "hidden_size": HIDDEN,
+        "output_channels": 16,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "image_size": 32,
+        "patch_size": 4,
+        "mlp_dim": INTER,
+        "window_size": 2,
+        "global_attn_indexes": [1],
+        "use_rel_pos": True,
+    },
+)
 _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
     "Gemma2Config",
     "Gemma2Model",
@@ -480,6 +497,7 @@ SPECS: dict[str, Spec] = {
         Spec("glm_sdpa", _glm("sdpa"), LAYERS, ["gqa", "causal", "rope interleaved"], kv_heads=HEADS // 2),
         Spec("bitnet_sdpa", _bitnet("sdpa"), LAYERS, ["gqa", "causal", "rope", "sub-norm"], kv_heads=HEADS // 2),
         Spec("vitdet_eager", _vitdet("eager"), LAYERS, ["mha", "windows", "decomposed relative positions"]),
+        Spec("sam_vision_sdpa", _sam_vision("sdpa"), LAYERS, ["mha", "windows", "relative positions as a mask"]),
     ]
 }
 
@@ -538,7 +556,7 @@ SETS = {
         "llama_past_sdpa_bf16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
-    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager"],
+    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

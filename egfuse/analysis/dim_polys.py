@@ -122,7 +122,11 @@ def parse_poly(text: str) -> Poly | None:
                 for t, c in b.items():
                     out[t] = out.get(t, 0) + sign * c
                 return out
-            op = {ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%"}.get(type(node.op))
+            if isinstance(node.op, ast.Pow):
+                return _power(a, b)
+            if isinstance(node.op, ast.FloorDiv):
+                return _floor_quotient(a, b)
+            op = {ast.Div: "/", ast.Mod: "%"}.get(type(node.op))
             if op is None:
                 return None
             atom = f"({_atom_text(a)}){op}({_atom_text(b)})"
@@ -135,6 +139,47 @@ def parse_poly(text: str) -> Poly | None:
         return None
 
     return walk(tree)
+
+
+def _power(base: Poly, exponent: Poly) -> Poly | None:
+    """``base ** n`` for a small non-negative integer n (torch writes a squared length so)."""
+    n = exponent.get((), 0) if set(exponent) <= {()} else None
+    if n is None or not 0 <= n <= 8:
+        return None
+    out: Poly = {(): 1}
+    for _ in range(n):
+        out = poly_mul(out, base)
+    return out
+
+
+def _floor_quotient(a: Poly, b: Poly) -> Poly:
+    """``a // b`` in a normal form, so two spellings of one length compare equal: an exact quotient is the
+    quotient (``(4·B·L²) // (4·L·L)`` is B: a Reshape's -1 over a folded batch); by a positive integer d, the
+    whole multiples of d in the constant term move out, ``(x + q·d + r) // d = (x + r) // d + q`` with
+    0 ≤ r < d, and terms all divisible by d divide exactly — ``(x − 1)//2 + 1`` and ``(x + 1)//2`` (a strided
+    convolution's output length, written two ways) are one dim."""
+    a = {t: c for t, c in a.items() if c}
+    b = {t: c for t, c in b.items() if c}
+    if b and set(b) != {()}:
+        exact = poly_div(a, b)
+        if exact is not None:
+            return exact
+    d = b.get((), 0) if set(b) <= {()} else 0
+    if d <= 0:
+        return {(f"({_atom_text(a)})//({_atom_text(b)})",): 1}
+    constant = a.get((), 0)
+    whole, rest = divmod(constant, d)
+    terms = {t: c for t, c in a.items() if t != ()}
+    if all(c % d == 0 for c in terms.values()):
+        out = {t: c // d for t, c in terms.items()}  # (d·x + rest) // d = x, as 0 ≤ rest < d
+    else:
+        inner = dict(terms)
+        if rest:
+            inner[()] = rest
+        out = {(f"({_atom_text(inner)})//({d})",): 1}
+    if whole:
+        out[()] = out.get((), 0) + whole
+    return out
 
 
 def _atom_text(poly: Poly) -> str:

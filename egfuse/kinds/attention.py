@@ -43,7 +43,7 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
         functions=functions.origin([region.anchor, *region.nodes], writer.origins),
     )
     region_classes = writer.repeats.classes_of(region, writer.class_of)
-    output = _fused_output(region, writer, region_classes)
+    output, passed = _fused_output(region, writer, region_classes)
     if output is not region.main_output:
         entry.output = output.name
         entry.notes.append(f"written at {output.name!r}: {_TAIL_NOTE}")
@@ -56,7 +56,9 @@ def write(region: Region, writer: RegionWriter) -> RegionReport:
     emitter = writer.emitter(region, region_choice, "r")
     # Only outputs whose program goes through the fused op are rewritten; the rest (a mask shared with
     # the next layer, a projection used elsewhere) keep their original nodes.
-    outputs = region.outputs if output in region.outputs else [*region.outputs, output]
+    # Written on the layout tail: the tail's own values stay the graph's (they read the op's output).
+    outputs = [out for out in region.outputs if out not in passed]
+    outputs += [] if output in outputs else [output]
     try:
         replacements = [
             (out, emitter.value(region_classes[out]))
@@ -83,23 +85,24 @@ _TAIL_NOTE = (
 )
 
 
-def _fused_output(region: Region, writer: RegionWriter, region_classes) -> ir.Value:
-    """The value the fused op is written at: the region's main output, or — where its class holds no fused
-    form — the nearest value before it on the region's layout tail (attention · V, then only views and
-    transposes) whose class does. A reshape of the heads no rule reads then keeps the graph's own nodes after
-    the op instead of keeping the whole region as written (the algebra stops at the op's output; nothing after
-    it changes meaning)."""
+def _fused_output(region: Region, writer: RegionWriter, region_classes) -> tuple[ir.Value, set[ir.Value]]:
+    """The value the fused op is written at, and the tail's values after it: the region's main output (none
+    after it), or — where its class holds no fused form — the nearest value before it on the region's layout
+    tail (attention · V, then only views and transposes) whose class does. A reshape of the heads no rule reads
+    then keeps the graph's own nodes after the op instead of keeping the whole region as written (the algebra
+    stops at the op's output; nothing after it changes meaning)."""
     main = region.main_output
     members = set(region.nodes)
-    value, node = main, main.producer()
+    value, node, passed = main, main.producer(), set()
     while not _has_fused_form(writer, region_classes.get(value)):
         if node is None or node not in members or node.op_type not in _TAIL_LAYOUT or not node.inputs:
-            return main
+            return main, set()
+        passed.add(value)
         value = node.inputs[0]
         if value is None:
-            return main
+            return main, set()
         node = value.producer()
-    return value
+    return value, passed
 
 
 def _has_fused_form(writer: RegionWriter, cid: EClass | None) -> bool:

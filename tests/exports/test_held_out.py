@@ -16,6 +16,9 @@ original on the export's own feeds.
   nothing fused ("recognition stopped at Squeeze") until the op was written at the attention's own output where
   the layout after it is not read back, and the view back of the scores distributed over the position terms.
   segment-anything's encoder spells it alike.
+- segment-anything's vision encoder (SDPA, its relative positions as the mask, the output viewed as (B, N, h, w, H)):
+  on npu, written at the attention's own output, the tail's end was rewritten too and the op's output, no
+  longer read, was dropped; validation, asking for it, rolled both blocks back. The tail stays the graph's now.
 
 Beyond the blocks, every norm, activation and rotation found fuses on ort and onnx.
 """
