@@ -1,13 +1,16 @@
 """Architectures egfuse was never developed on: transformers model types outside every corpus, exported fresh and fused.
 
 Each model type is built from its config at tiny sizes (random weights, nothing downloaded: hidden 32, 4 query
-heads, 2 K/V heads, head size 8, 2 layers), exported by torch's dynamo exporter (opset 18) with a padded mask, and
-fused for every egfuse target with validation on the export's own feeds. What is counted per target: attention
-blocks fused (of the regions found), norms and activations, rotations, and whether validation passed. Softmaxes
-that are not attention (a router's) are regions egfuse reports and keeps; the table says how many a model has.
+heads, 2 layers; decoders with 2 K/V heads of 8), exported by torch's dynamo exporter (opset 18; batch symbolic, and
+the sequence too where the model allows it) and fused for every egfuse target with validation on the export's own
+feeds. Decoders and text encoders get a padded mask (left padding for decoders), vision models pixels, speech
+models a waveform, encoder-decoders both sides. SDPA attention where the model has it, eager otherwise. What is
+counted per target: attention blocks fused (of the regions found), norms and activations, rotations, and whether
+validation passed. Softmaxes that are not attention (a router's, a convolution kernel's) are regions egfuse
+reports and keeps; the table says how many a model has.
 
     python experiments/unseen_architectures.py                 # export (cached under --out) and fuse
-    python experiments/unseen_architectures.py --types glm qwen3
+    python experiments/unseen_architectures.py --types glm qwen3 vitdet
 
 Writes experiments/results/unseen_architectures.{json,md}. Needs the ``corpus`` extra (torch, transformers).
 """
@@ -29,12 +32,109 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
-TYPES = [
+DECODERS = [
     "apertus", "arcee", "bitnet", "cohere", "doge", "ernie4_5", "exaone4", "falcon_h1", "gemma3_text", "glm", "glm4",
     "gpt_neox", "granite", "helium", "hunyuan_v1_dense", "jetmoe", "lfm2", "modernbert", "nemotron", "olmo", "olmo2",
     "olmo3", "phi3", "qwen3", "seed_oss", "smollm3", "stablelm", "starcoder2",
 ]  # fmt: skip
-"""Model types in none of egfuse's corpora (tests/data, the drift corpus, held-out, producers) when this was run."""
+"""Decoder model types in none of egfuse's corpora (tests/data, the drift corpus, held-out, producers) when this
+was first run."""
+_TEXT = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_VISION = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    image_size=32,
+    patch_size=8,
+    num_channels=3,
+)
+_SPEECH = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    conv_dim=(32, 32),
+    conv_stride=(5, 4),
+    conv_kernel=(10, 8),
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=4,
+)
+_SEQ2SEQ = dict(
+    vocab_size=99,
+    d_model=32,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    decoder_start_token_id=1,
+)
+_T5 = dict(
+    vocab_size=99,
+    d_model=32,
+    d_kv=8,
+    num_heads=4,
+    num_layers=1,
+    num_decoder_layers=1,
+    d_ff=64,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
+)
+_SWIN = dict(embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=2, image_size=32, patch_size=4)
+OTHERS: dict[str, tuple[str, dict]] = {  # model type → (family, its config at tiny sizes)
+    # vision: pixels (2, 3, H, W)
+    "dinov2": ("vision", _VISION), "dinov2_with_registers": ("vision", _VISION), "deit": ("vision", _VISION),
+    "beit": ("vision", {**_VISION, "use_relative_position_bias": True}),
+    "data2vec-vision": ("vision", {**_VISION, "use_relative_position_bias": True}),
+    "vit_msn": ("vision", _VISION), "ijepa": ("vision", _VISION), "clip_vision_model": ("vision", _VISION),
+    "siglip_vision_model": ("vision", _VISION), "swin": ("vision", _SWIN), "swinv2": ("vision", _SWIN),
+    "yolos": ("vision", {**_VISION, "image_size": [32, 32], "num_detection_tokens": 4}),
+    "levit": ("vision", {"image_size": 64}), "segformer": ("vision", {"image_size": 64}),
+    "pvt_v2": ("vision", {"image_size": 64}),
+    "hiera": ("vision", {"image_size": [64, 64], "embed_dim": 16, "num_heads": [1, 2, 4, 8], "depths": [1, 1, 1, 1]}),
+    "vitdet": ("vision", {**_VISION, "window_size": 2, "window_block_indices": [0],
+                          "use_relative_position_embeddings": True}),
+    "sam_vision_model": ("vision", {"hidden_size": 32, "output_channels": 16, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "image_size": 64, "patch_size": 8, "mlp_dim": 64,
+                                    "window_size": 2, "global_attn_indexes": [1], "use_rel_pos": True}),
+    # speech: a waveform (2, 1600)
+    "hubert": ("speech", _SPEECH), "wavlm": ("speech", _SPEECH), "wav2vec2-conformer": ("speech", _SPEECH),
+    "data2vec-audio": ("speech", _SPEECH), "unispeech": ("speech", _SPEECH), "sew": ("speech", _SPEECH),
+    "sew-d": ("speech", _SPEECH),
+    # text encoders: token ids and a padded mask
+    "electra": ("encoder", {**_TEXT, "embedding_size": 32}), "albert": ("encoder", {**_TEXT, "embedding_size": 32}),
+    "mpnet": ("encoder", _TEXT), "convbert": ("encoder", _TEXT), "roformer": ("encoder", _TEXT),
+    "esm": ("encoder", {**_TEXT, "position_embedding_type": "rotary"}), "xlm-roberta": ("encoder", _TEXT),
+    "camembert": ("encoder", _TEXT), "ernie": ("encoder", _TEXT), "megatron-bert": ("encoder", _TEXT),
+    "rembert": ("encoder", {**_TEXT, "input_embedding_size": 32, "output_embedding_size": 32}),
+    "data2vec-text": ("encoder", _TEXT), "ibert": ("encoder", _TEXT),
+    "luke": ("encoder", {**_TEXT, "entity_vocab_size": 10, "entity_emb_size": 32}),
+    "big_bird": ("encoder", {**_TEXT, "attention_type": "original_full"}), "canine": ("encoder", _TEXT),
+    "nystromformer": ("encoder", _TEXT),
+    # encoder-decoders: both sides' tokens
+    "pegasus": ("seq2seq", _SEQ2SEQ), "marian": ("seq2seq", _SEQ2SEQ), "mbart": ("seq2seq", _SEQ2SEQ),
+    "m2m_100": ("seq2seq", _SEQ2SEQ), "blenderbot": ("seq2seq", _SEQ2SEQ), "blenderbot-small": ("seq2seq", _SEQ2SEQ),
+    "plbart": ("seq2seq", _SEQ2SEQ), "mt5": ("seq2seq", _T5), "umt5": ("seq2seq", _T5), "longt5": ("seq2seq", _T5),
+}  # fmt: skip
+"""Vision, speech, text-encoder and encoder-decoder model types in none of the corpora, added in a second run."""
+TYPES = [*DECODERS, *OTHERS]
 SIZES = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=64, max_position_embeddings=64, head_dim=8, pad_token_id=None, bos_token_id=None,
              eos_token_id=None)  # fmt: skip
@@ -47,34 +147,75 @@ def export(model_type: str, out: Path) -> Path | str:
     if path.exists():
         return path
     import torch
-    from transformers import AutoConfig, AutoModel
 
-    class Hidden(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-
+    family, sizes = OTHERS.get(model_type, ("decoder", SIZES))
     try:
-        config = AutoConfig.for_model(model_type, **SIZES)
-        model = AutoModel.from_config(config, attn_implementation="sdpa").eval()
+        model = _model(model_type, sizes)
         torch.manual_seed(0)
-        ids = torch.randint(0, SIZES["vocab_size"], (2, 6))
-        mask = torch.ones(2, 6, dtype=torch.int64)
-        mask[0, :2] = 0  # left padding
-        dims = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+        inputs, dims = _inputs(family, sizes)
+        names = list(inputs)
+
+        class Hidden(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *values):
+                given = dict(zip(names, values, strict=True))
+                if family in ("decoder", "encoder", "seq2seq"):
+                    given["use_cache"] = False
+                return self.model(**given, return_dict=True).last_hidden_state
+
+        args = tuple(torch.from_numpy(v) for v in inputs.values())
+        kwargs = {"input_names": names, "output_names": ["last_hidden_state"], "dynamo": True, "optimize": False}
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            names = {"input_names": ["input_ids", "attention_mask"], "output_names": ["last_hidden_state"]}
-            torch.onnx.export(
-                Hidden(model), (ids, mask), path, dynamo=True, dynamic_shapes=dims, optimize=False, **names
-            )
-        np.savez(path.with_suffix(".feeds.npz"), input_ids=ids.numpy(), attention_mask=mask.numpy())
+            try:
+                shapes = (tuple(dims[n] for n in names),)  # one entry: forward's *values
+                torch.onnx.export(Hidden(model), args, path, dynamic_shapes=shapes, **kwargs)
+            except Exception:  # a model whose code fixes a size (a window count from the image): the batch only
+                shapes = (tuple({0: "batch"} for _ in names),)
+                torch.onnx.export(Hidden(model), args, path, dynamic_shapes=shapes, **kwargs)
+        np.savez(path.with_suffix(".feeds.npz"), **inputs)
         return path
     except Exception as error:  # an architecture torch cannot export is a row with its reason
         path.unlink(missing_ok=True)
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+
+
+def _model(model_type: str, sizes: dict):
+    """The model at tiny sizes, with SDPA attention where it has it (eager otherwise)."""
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(model_type, **sizes)
+    try:
+        return AutoModel.from_config(config, attn_implementation="sdpa").eval()
+    except ValueError:  # "does not support an attention implementation through scaled_dot_product_attention"
+        return AutoModel.from_config(config, attn_implementation="eager").eval()
+
+
+def _inputs(family: str, sizes: dict) -> tuple[dict[str, np.ndarray], dict[str, dict[int, str]]]:
+    """The feeds a family's model takes, and their symbolic dims."""
+    rng = np.random.default_rng(0)
+    if family == "vision":
+        size = sizes.get("image_size", 32)
+        size = size[0] if isinstance(size, list) else size
+        pixels = rng.standard_normal((2, sizes.get("num_channels", 3), size, size)).astype(np.float32)
+        return {"pixel_values": pixels}, {"pixel_values": {0: "batch"}}
+    if family == "speech":
+        wave = rng.standard_normal((2, 1600)).astype(np.float32)
+        return {"input_values": wave}, {"input_values": {0: "batch", 1: "samples"}}
+    ids = rng.integers(3, sizes["vocab_size"], (2, 6)).astype(np.int64)
+    mask = np.ones((2, 6), np.int64)
+    if family == "decoder":
+        mask[0, :2] = 0  # left padding, as generation pads
+    else:
+        mask[0, 4:] = 0  # right padding, as an encoder's batch pads
+    text = {0: "batch", 1: "sequence"}
+    inputs, dims = {"input_ids": ids, "attention_mask": mask}, {"input_ids": text, "attention_mask": text}
+    if family == "seq2seq":
+        inputs["decoder_input_ids"] = rng.integers(3, sizes["vocab_size"], (2, 5)).astype(np.int64)
+        dims["decoder_input_ids"] = {0: "batch", 1: "decoder_sequence"}
+    return inputs, dims
 
 
 def fuse_all(path: Path) -> dict:
@@ -118,11 +259,13 @@ def markdown(rows: dict, failed: dict, seconds: float) -> str:
         "Each cell: attention blocks fused / regions found · norms and activations · rotations (npu keeps rotations "
         "by design).",
         "",
-        "| model type | softmaxes | egfuse:ort | egfuse:onnx | egfuse:npu |",
-        "|---|---|---|---|---|",
+        "| model type | family | softmaxes | egfuse:ort | egfuse:onnx | egfuse:npu |",
+        "|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
-        lines.append(f"| {name} | {row['softmaxes']} | " + " | ".join(cell(row[t]) for t in TARGETS) + " |")
+        family = OTHERS.get(name, ("decoder",))[0]
+        cells = " | ".join(cell(row[t]) for t in TARGETS)
+        lines.append(f"| {name} | {family} | {row['softmaxes']} | {cells} |")
     if any(row[t].get("kept") for row in rows.values() for t in TARGETS):
         lines += ["", "Kept as written (first reasons):", ""]
         for name, row in rows.items():
