@@ -200,15 +200,15 @@ class LayoutTerms(GroupTerms):
         addends = self._addends(node.inputs[0])
         if dst is None or None in dst or addends is None:
             return None
-        views = [v for v in addends if self._viewed_from(v, tuple(dst)) is not None]
+        views = [(v, source) for v in addends if (source := self._viewed_from(v, tuple(dst))) is not None]
         if len(views) != 1:
             return None
-        (view,) = views
+        ((view, source),) = views
         terms = [v for v in addends if v is not view]
         full = self.facts.shape(view)
         if not terms or full is None or None in full or _broadcast([self.facts.shape(v) for v in terms]) != tuple(full):
             return None
-        parts = [self._arg(v, self._inside) for v in [self._viewed_from(view, tuple(dst)), *terms]]
+        parts = [self._arg(v, self._inside) for v in [source, *terms]]
         if None in parts:
             return None
         total = parts[1]

@@ -212,26 +212,30 @@ class TermWriter:
                 cmds.extend(self._paired_table_lines(term, stored))
             if summary is not None and summary.halves_repeat:
                 cmds.append(f"({self.n['halves_repeat']} {term})")
-                if len(stored) == 4:  # stored with the heads axis already added (a decode step's folded table)
-                    for axis in (-3, -2):
-                        if stored[axis] == 1:
-                            squeezed = self._call("squeeze", term, str(axis))
-                            cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, str(axis))})")
-                            cmds.append(f"({self.n['halves_repeat']} {squeezed})")
+                for union, table in zip(*self._without_unit_axes(term, stored, (-3, -2)), strict=True):
+                    cmds.extend((union, f"({self.n['halves_repeat']} {table})"))
         return cmds
+
+    def _without_unit_axes(self, term: str, stored: tuple[int, ...], axes: tuple[int, ...]) -> tuple[list, list]:
+        """A table stored with the heads axis already added (a decode step's folded (1, 1, S, R) table) is the
+        table without each unit axis among ``axes``, that axis put back: the unions saying so, and the tables
+        without it (what the rules' facts are stated on, as on a table whose Unsqueeze the graph writes)."""
+        unions, squeezed = [], []
+        if len(stored) == 4:
+            for axis in axes:
+                if stored[axis] == 1:
+                    table = self._call("squeeze", term, str(axis))
+                    unions.append(f"(union {term} {self._call('unsqueeze', table, str(axis))})")
+                    squeezed.append(table)
+        return unions, squeezed
 
     def _paired_table_lines(self, term: str, stored: tuple[int, ...]) -> list[str]:
         """A stored table with each entry twice in pairs is ``repeat_interleave`` of its even entries:
         ``t = interleave(t[..., 0::2], t[..., 0::2])`` — the interleaved RoPE table a static-shape export folds
         to a constant. Stored with the heads axis already added ((1, 1, S, R)), it is also that axis put back on
         the table without it, so the rules see the unsqueeze they look for."""
-        cmds: list[str] = []
-        tables = [term]
-        if len(stored) == 4 and stored[-3] == 1:
-            squeezed = self._call("squeeze", term, "-3")
-            cmds.append(f"(union {term} {self._call('unsqueeze', squeezed, '-3')})")
-            tables.append(squeezed)
-        for table in tables:
+        cmds, squeezed = self._without_unit_axes(term, stored, (-3,))
+        for table in [term, *squeezed]:
             even = self._call("strided", table, "0")
             cmds.append(f"(union {table} {self._call('interleave', even, even)})")
         return cmds
