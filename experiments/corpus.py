@@ -251,6 +251,12 @@ _gemma2 = _hf(  # soft-capped scores, sliding-window layers, GQA, RoPE
         **NO_CACHE,
     },
 )
+_gemma3 = _hf(  # Gemma 3: RMS-normed Q and K, four norms a layer, sliding-window and global layers, GQA, RoPE
+    "Gemma3TextConfig",
+    "Gemma3TextModel",
+    _ids,
+    {**LLAMA_SIZES, "head_dim": HIDDEN // HEADS, "sliding_window": 4, **NO_CACHE},
+)
 _t5_encoder = _hf(
     "T5Config",
     "T5EncoderModel",
@@ -468,6 +474,15 @@ SPECS: dict[str, Spec] = {
         # with float16 input and float32 scale; its float16 Llama's repeat_kv Expand has no inferable shapes)
         Spec("bert_sdpa_fp16", _half(_bert("sdpa")), LAYERS, ["mha", "padding mask", "float16"], exporters=DYNAMO),
         Spec("llama_sdpa_fp16", _half(_llama("sdpa")), LAYERS, HALF_LLAMA, kv_heads=HEADS // 2, exporters=DYNAMO),
+        # γ applied in float32 before the narrowing cast (rules/precision.py); Q and K normed too
+        Spec(
+            "gemma3_sdpa_fp16",
+            _half(_gemma3("sdpa")),
+            LAYERS,
+            [*HALF_LLAMA, "qk norm"],
+            kv_heads=HEADS // 2,
+            exporters=DYNAMO,
+        ),
         Spec(
             "llama_past_sdpa_fp16",
             _half(_llama_past("sdpa")),
@@ -554,6 +569,7 @@ SETS = {
         "mpt_eager_fp16",
         "mpt_eager_bf16",
         "llama_past_sdpa_bf16",
+        "gemma3_sdpa_fp16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
     "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa"],

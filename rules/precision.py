@@ -5,7 +5,8 @@ The casts change rounding, not meaning: upcasting is exact, every fused attentio
 softmax in at least float32 for half-precision inputs, and ``LayerNormalization`` / ``RMSNormalization``
 compute in float32 by default (``stash_type`` 1). So ``Cast(f(Cast(x, float32)), t)`` is ``f(x)`` for
 ``f`` a softmax or a normalization whenever ``x`` already has type ``t`` — the narrowing cast must return to
-``x``'s own type, or the op's output type would change.
+``x``'s own type, or the op's output type would change. A norm whose γ and β are applied in float32 too is the
+norm with them narrowed to ``t`` (the op's scale and bias have its input's type).
 
 Scores upcast alone, before a float32 term joins them (MPT: ``softmax(S.float() + alibi)``, a select after),
 are the same sum: a half tensor plus a float32 one means their sum in float32 here (``add(cast(x), b) =
@@ -27,13 +28,21 @@ HALF = (10, 16)
 
 
 @ruleset
-def rules(x: Tensor, b: Tensor, t: i64, eps: f64):
+def rules(x: Tensor, b: Tensor, g: Tensor, t: i64, eps: f64):
     yield rewrite(Tensor.cast(Tensor.softmax(Tensor.cast(x, FLOAT32)), t)).to(Tensor.softmax(x), dtype_of(x) == t)
     yield rewrite(Tensor.cast(Tensor.rms_normalized(Tensor.cast(x, FLOAT32), eps), t)).to(
         Tensor.rms_normalized(x, eps), dtype_of(x) == t
     )
     yield rewrite(Tensor.cast(Tensor.normalized(Tensor.cast(x, FLOAT32), eps), t)).to(
         Tensor.normalized(x, eps), dtype_of(x) == t
+    )
+    # γ (and β) applied in float32 before the narrowing cast (Gemma 3: ``(norm(x.float()) · (1 + w.float()))
+    # .to(x.dtype)``): the op's scale narrowed instead, so the norm reads and writes x's own type.
+    yield rewrite(Tensor.cast(Tensor.rms_norm(Tensor.cast(x, FLOAT32), g, eps), t)).to(
+        Tensor.rms_norm(x, Tensor.cast(g, t), eps), dtype_of(x) == t
+    )
+    yield rewrite(Tensor.cast(Tensor.layer_norm(Tensor.cast(x, FLOAT32), g, b, eps), t)).to(
+        Tensor.layer_norm(x, Tensor.cast(g, t), Tensor.cast(b, t), eps), dtype_of(x) == t
     )
     # A half tensor plus a float32 one is their float32 sum; the probabilities of such a sum narrowed back to
     # the scores' type are an attention op's, which adds a float32 mask in float32.

@@ -55,7 +55,13 @@ def compare_on(
 
 
 def _half(outputs: dict) -> bool:
-    return any(np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= 16 for v in outputs.values())
+    return _half_type(outputs) is not None
+
+
+def _half_type(outputs: dict) -> np.dtype | None:
+    """The half type a model computes in, read off its outputs (None: no half-precision output)."""
+    halves = [v.dtype for v in outputs.values() if np.issubdtype(v.dtype, np.floating) and np.finfo(v.dtype).bits <= 16]
+    return min(halves, key=lambda dtype: np.finfo(dtype).nmant) if halves else None
 
 
 def _compare_widened(
@@ -108,6 +114,7 @@ def compared_outputs(
     of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
     decided by rounding."""
     how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
+    how["precision"] = _half_type(expected)  # float32 values of a half model judged at its precision
     if validate.reference_unread(expected, finite_only):
         return _comparisons(expected, actual, {}, entries, outputs, **how)
     reference = validate.references(original, data, expected, names, weights=weights, budget=budget)
@@ -139,10 +146,12 @@ def _comparisons(
     fill: float = 0.0,
     copy_of_half: bool = False,
     absorbed: dict | None = None,
+    precision: np.dtype | None = None,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """Each fused entry's output and each graph output, original against fused (``absorbed``: the second
     references of a half-precision model, :func:`egfuse.validation.validate.fill_decided`)."""
     how = {"where_defined": where_defined, "finite_only": finite_only, "fill": fill, "copy_of_half": copy_of_half}
+    how["precision"] = precision
     absorbed = absorbed or {}
 
     def one(name: str) -> validate.Comparison:

@@ -147,6 +147,9 @@ class Emitter(MaskWriter):
         if node.op == "merge_lead":  # (A, second, …) → (A·second, …) of a constant
             weight = self.constant_array(view(node).a)
             return weight.reshape(-1, *weight.shape[2:])
+        if node.op == "cast":  # a float32 γ narrowed to a half-precision norm's type (rules/precision.py)
+            weight = self.constant_array(view(node).a)
+            return weight.astype(ir.DataType(int(view(node).to)).numpy())
         if node.op == "transpose":  # a 1×1 convolution's weight read as a matrix
             weight = self.constant_array(view(node).a)
             return weight.transpose([int(p) for p in view(node).perm.split(",")])
