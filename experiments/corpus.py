@@ -570,7 +570,9 @@ SETS = {
         "mpt_eager_bf16",
         "llama_past_sdpa_bf16",
         "gemma3_sdpa_fp16",
-    ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K)
+        "gpt2_sdpa_bf16",
+    ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K);
+    # GPT-2's tanh GELU, whose constants bfloat16 rounds (√(2/π) is 0.796875 there)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
     "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure

@@ -30,10 +30,12 @@ def compare_on(
     budget: int | None = None,
     copies: bool = False,
     float32_copies: bool = True,
+    outputs_of_half: bool = False,
 ) -> dict | None:
     """Both models on ``data``: the failing regions (key → max diff) and the graph outputs' comparisons; None
     where the original does not run on them. ``float32_copies``: a half-precision model judged for finiteness
-    is also judged on float32 copies of both (:func:`_compare_widened`)."""
+    is also judged on float32 copies of both (:func:`_compare_widened`). ``outputs_of_half``: the models are
+    float32 copies of a bfloat16 one, whose graph outputs are held to its precision (:func:`compared_outputs`)."""
     try:
         expected = validate.run(original, data, names, weights=weights)
     except Exception:
@@ -43,7 +45,19 @@ def compare_on(
     except Exception:
         return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
     regions, compared = compared_outputs(
-        original, data, expected, actual, names, entries, outputs, weights, budget, True, finite_only, copies
+        original,
+        data,
+        expected,
+        actual,
+        names,
+        entries,
+        outputs,
+        weights,
+        budget,
+        True,
+        finite_only,
+        copies,
+        outputs_of_half=outputs_of_half,
     )
     failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
     if finite_only and float32_copies and _half(expected):
@@ -108,12 +122,19 @@ def compared_outputs(
     where_defined: bool = False,
     finite_only: bool = False,
     copies: bool = False,
+    *,
+    outputs_of_half: bool = False,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """The comparisons on one feed set (``copies``: float32 copies of a half-precision model, see
     :func:`egfuse.validation.validate.compare`'s ``copy_of_half``); where one fails, judged again against a float64 run
     of the original (only then: it costs a run of a widened copy) — a row a finite fill hides entirely is
-    decided by rounding."""
+    decided by rounding. ``outputs_of_half``: float32 copies of a bfloat16 model, whose graph outputs are held
+    to ``copy_of_half``'s tolerance, the model's own precision: its constants are stored rounded to bfloat16
+    (GELU's √(2/π) is 0.796875 there), and a fused op computes with the exact ones — 1e-4 of a float32 copy's
+    output after two layers, an eightieth of a bfloat16 ulp. Each region's own output stays at float32's
+    tolerance, where a fault in it is seen."""
     how = {"where_defined": where_defined, "finite_only": finite_only, "copy_of_half": copies}
+    how["outputs_of_half"] = outputs_of_half
     how["precision"] = _half_type(expected)  # float32 values of a half model judged at its precision
     if validate.reference_unread(expected, finite_only):
         return _comparisons(expected, actual, {}, entries, outputs, **how)
@@ -147,6 +168,7 @@ def _comparisons(
     copy_of_half: bool = False,
     absorbed: dict | None = None,
     precision: np.dtype | None = None,
+    outputs_of_half: bool = False,
 ) -> tuple[dict[RegionKey, validate.Comparison], list[validate.Comparison]]:
     """Each fused entry's output and each graph output, original against fused (``absorbed``: the second
     references of a half-precision model, :func:`egfuse.validation.validate.fill_decided`)."""
@@ -154,12 +176,13 @@ def _comparisons(
     how["precision"] = precision
     absorbed = absorbed or {}
 
-    def one(name: str) -> validate.Comparison:
+    def one(name: str, copy_of_half: bool = copy_of_half) -> validate.Comparison:
         return validate.compare(
-            name, expected[name], actual[name], reference.get(name), absorbed=absorbed.get(name), **how
-        )
+            name, expected[name], actual[name], reference.get(name), absorbed=absorbed.get(name),
+            **{**how, "copy_of_half": copy_of_half},
+        )  # fmt: skip
 
     judged = {key: r.output for key, r in entries.items() if r.output and r.output in expected and r.output in actual}
     regions = {key: one(name) for key, name in judged.items()}
-    graph = [one(n) for n in outputs if n in actual]
+    graph = [one(n, copy_of_half or outputs_of_half) for n in outputs if n in actual]
     return regions, graph
