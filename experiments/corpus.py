@@ -257,6 +257,20 @@ _gemma3 = _hf(  # Gemma 3: RMS-normed Q and K, four norms a layer, sliding-windo
     _ids,
     {**LLAMA_SIZES, "head_dim": HIDDEN // HEADS, "sliding_window": 4, **NO_CACHE},
 )
+# float16 decoders whose norms or rotations compute in float32 between casts, each spelled its own way:
+# Cohere's layer norm and tables cast to float16 and back, ERNIE 4.5's interleaved rotate in float16 cast up,
+# OLMo 2's normed Q and K, ModernBERT's x cast once for each rotation term
+_cohere = _hf("CohereConfig", "CohereModel", _ids, {**LLAMA_SIZES, **NO_CACHE})
+_ernie45 = _hf("Ernie4_5Config", "Ernie4_5Model", _ids, {**LLAMA_SIZES, "head_dim": HIDDEN // HEADS, **NO_CACHE})
+_olmo2 = _hf("Olmo2Config", "Olmo2Model", _ids, {**LLAMA_SIZES, **NO_CACHE})
+_modernbert = _hf(
+    "ModernBertConfig",
+    "ModernBertModel",
+    _ids,
+    {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": LAYERS,
+     "num_attention_heads": HEADS, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,
+     "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2},
+)  # fmt: skip
 _t5_encoder = _hf(
     "T5Config",
     "T5EncoderModel",
@@ -483,6 +497,17 @@ SPECS: dict[str, Spec] = {
             kv_heads=HEADS // 2,
             exporters=DYNAMO,
         ),
+        *(
+            Spec(
+                f"{name}_sdpa_fp16", _half(build("sdpa")), LAYERS, [*flavour, "float16"], kv_heads=kv, exporters=DYNAMO
+            )
+            for name, build, flavour, kv in (
+                ("cohere", _cohere, ["gqa", "causal", "rope"], HEADS // 2),
+                ("ernie45", _ernie45, ["gqa", "causal", "rope"], HEADS // 2),
+                ("olmo2", _olmo2, ["gqa", "causal", "rope", "qk norm"], HEADS // 2),
+                ("modernbert", _modernbert, ["mha", "padding mask", "rope"], HEADS),
+            )
+        ),
         Spec(
             "llama_past_sdpa_fp16",
             _half(_llama_past("sdpa")),
@@ -571,6 +596,10 @@ SETS = {
         "llama_past_sdpa_bf16",
         "gemma3_sdpa_fp16",
         "gpt2_sdpa_bf16",
+        "cohere_sdpa_fp16",
+        "ernie45_sdpa_fp16",
+        "olmo2_sdpa_fp16",
+        "modernbert_sdpa_fp16",
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K);
     # GPT-2's tanh GELU, whose constants bfloat16 rounds (√(2/π) is 0.796875 there)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)

@@ -62,6 +62,16 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     yield rewrite(Tensor.cast(Tensor.interleave(a, b), to)).to(
         Tensor.interleave(Tensor.cast(a, to), Tensor.cast(b, to))
     )
+    # A cast is elementwise, and negation exact in every float type: it moves inside what only moves values
+    # or flips their sign — a rotation or a table computed in float16 and cast up after (Cohere's and ERNIE
+    # 4.5's float16 exports multiply float32 x by cast(unsqueeze(table)) and cast(rotate(x16))).
+    yield rewrite(Tensor.cast(Tensor.unsqueeze(a, ax), to)).to(Tensor.unsqueeze(Tensor.cast(a, to), ax))
+    yield rewrite(Tensor.cast(Tensor.neg(a), to)).to(Tensor.neg(Tensor.cast(a, to)))
+    yield rewrite(Tensor.cast(Tensor.strided(a, k), to)).to(Tensor.strided(Tensor.cast(a, to), k))
+    yield rewrite(Tensor.cast(Tensor.part(a, ax, h, n), to)).to(Tensor.part(Tensor.cast(a, to), ax, h, n))
+    yield rewrite(Tensor.cast(Tensor.concat(a, b, ax), to)).to(
+        Tensor.concat(Tensor.cast(a, to), Tensor.cast(b, to), ax)
+    )
     yield rewrite(Tensor.mul(Tensor.interleave(a, b), c)).to(
         Tensor.interleave(Tensor.mul(a, c), Tensor.mul(b, c)), scalar_of(c) == v
     )

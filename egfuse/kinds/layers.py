@@ -79,12 +79,34 @@ def _norm(
         for value in n.inputs:
             if value is not None:
                 members |= _backward(value, claimed | members, facts)
+    members |= _widening_casts(members, claimed)
     main = (forward[-1] if forward else sqrt).outputs[0]
     if len(main.uses()) > 1:  # TensorFlow's batch_normalization: x · i + (β − mean · i), i read twice
         members, main = _spread(members, main, facts, claimed)
     if residual:
         members |= _residual_sums(members, facts, claimed)
     return members, main
+
+
+def _widening_casts(members: set[ir.Node], claimed: set[ir.Node]) -> set[ir.Node]:
+    """The ``Cast`` a norm's normalized input comes from, where nothing outside the norm reads it: a
+    half-precision model's norm computed in float32 (``x.float()``) starts there, so that with the narrowing
+    cast after it the region is the norm in the model's own type (:mod:`egfuse.rules.precision`). An RMS norm's
+    backward walk passes it already (its means read x², not x); a layer norm's means read x itself."""
+    casts = set()
+    for node in members:
+        for value in node.inputs:
+            cast = value.producer() if value is not None else None
+            if cast is None or cast in members or cast in claimed or cast.op_type != "Cast":
+                continue
+            if (
+                cast.domain in ("", "ai.onnx")
+                and _normalized_input(value)
+                and not value.is_graph_output()
+                and all(use.node in members for use in value.uses())
+            ):
+                casts.add(cast)
+    return casts
 
 
 def _spread(

@@ -94,9 +94,12 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
     values of each step (the output ``rotate(x)`` itself where they are not there)."""
     rotated = anchor.outputs[0]
     mul_sin = single_consumer(rotated)
+    cast = None
+    if mul_sin is not None and mul_sin.op_type == "Cast":  # rotated in half precision and cast up (ERNIE 4.5)
+        cast, mul_sin = mul_sin, single_consumer(mul_sin.outputs[0])
     if mul_sin is None or mul_sin.op_type != "Mul":
         return RotationValues(rotated, None, None, None, rotated), set()
-    around, term = {mul_sin}, mul_sin.outputs[0]
+    around, term = {mul_sin, cast}, mul_sin.outputs[0]
     add = _reader(term)
     if add is not None and add.op_type == "Mul" and any(facts.const(v) is not None for v in add.inputs):
         around.add(add)  # torchlib's add(x, y, alpha): y · alpha, then the sum
@@ -106,12 +109,19 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
     around.add(add)
     mul_cos = next((v.producer() for v in add.inputs if v is not term and v is not None), None)
     slices = [n for n in members if n.op_type == "Slice"]
-    kept = {rotated} | {n.inputs[0] for n in slices}
+    kept = {rotated} | {n.inputs[0] for n in slices} | ({cast.outputs[0]} if cast is not None else set())
+    for value in list(kept):  # x cast up only to be rotated (ModernBERT's float16 export casts it once a term)
+        node = value.producer()
+        if node is not None and node.op_type == "Cast" and all(use.node in members for use in value.uses()):
+            around.add(node)
+            kept.add(node.inputs[0])
     for product in (mul_sin, mul_cos):
         if product is not None and product.op_type == "Mul":
             around.add(product)
-            for value in product.inputs:
-                if value is not None and value not in kept:
+            for value in product.inputs:  # x itself, or x cast up (a half model's rotation in float32), is no table
+                if value is not None and _cast_of(value, kept):
+                    around.add(value.producer())  # the cast, read as one: the sin term casts rotate(x) alike
+                elif value is not None and value not in kept:
                     around |= _table_nodes(value)
     output = add.outputs[0]
     source = slices[0].inputs[0].producer() if slices else None
@@ -122,6 +132,11 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
     cos_term = mul_cos.outputs[0] if mul_cos is not None else None
     values = RotationValues(rotated, mul_sin.outputs[0], cos_term, add.outputs[0], output)
     return values, {n for n in around if n is not None}
+
+
+def _cast_of(value: ir.Value, sources: set[ir.Value]) -> bool:
+    node = value.producer()
+    return node is not None and node.op_type == "Cast" and node.inputs[0] in sources
 
 
 def _table_nodes(value: ir.Value) -> set[ir.Node]:

@@ -69,7 +69,9 @@ def _unit_scale(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.
 
 
 def _cast(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
-    return e.node("Cast", [e.value(a.a)], {"to": int(a.to)})
+    out = e.node("Cast", [e.value(a.a)], {"to": int(a.to)})
+    out.dtype = ir.DataType(int(a.to))  # typed, as a writer comparing element types reads it (a rotary table)
+    return out
 
 
 def _softmax(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
