@@ -11,8 +11,11 @@ reports and keeps; the table says how many a model has.
 
     python experiments/unseen_architectures.py                 # export (cached under --out) and fuse
     python experiments/unseen_architectures.py --types glm qwen3 vitdet
+    python experiments/unseen_architectures.py --dtype float16    # the decoders again in float16 (~6 min)
 
-Writes experiments/results/unseen_architectures.{json,md}. Needs the ``corpus`` extra (torch, transformers).
+Writes experiments/results/unseen_architectures.{json,md} (``--dtype float16``: ``unseen_architectures_fp16``:
+the model and its float feeds in float16, what a GPU serves; its norms and softmax then compute in float32
+between casts, as transformers writes them). Needs the ``corpus`` extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -115,11 +118,13 @@ SIZES = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_h
              intermediate_size=64, max_position_embeddings=64, head_dim=8, pad_token_id=None, bos_token_id=None,
              eos_token_id=None)  # fmt: skip
 TARGETS = ("ort", "onnx", "npu")
+SUFFIX = {"float32": "", "float16": "_fp16"}
+"""The export's and the results' name suffix per dtype."""
 
 
-def export(model_type: str, out: Path) -> Path | str:
+def export(model_type: str, out: Path, dtype: str = "float32") -> Path | str:
     """The export's path, or why it could not be made."""
-    path = out / f"{model_type}.dynamo.onnx"
+    path = out / f"{model_type}.dynamo{SUFFIX[dtype]}.onnx"
     if path.exists():
         return path
     import torch
@@ -129,6 +134,9 @@ def export(model_type: str, out: Path) -> Path | str:
         model = _model(model_type, sizes)
         torch.manual_seed(0)
         inputs, dims = _inputs(family, sizes)
+        if dtype == "float16":
+            model = model.half()
+            inputs = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in inputs.items()}
         names = list(inputs)
 
         class Hidden(torch.nn.Module):
@@ -220,7 +228,7 @@ def fuse_all(path: Path) -> dict:
     return row
 
 
-def markdown(rows: dict, failed: dict, seconds: float) -> str:
+def markdown(rows: dict, failed: dict, seconds: float, dtype: str = "float32") -> str:
     def cell(entry: dict) -> str:
         if "error" in entry:
             return "error"
@@ -228,10 +236,11 @@ def markdown(rows: dict, failed: dict, seconds: float) -> str:
         return f"{a[0]}/{a[1]} · {la[0]}/{la[1]} · {r[0]}/{r[1]}" + ("" if entry["validated"] else " (not validated)")
 
     lines = [
-        "# Architectures egfuse was never developed on",
+        "# Architectures egfuse was never developed on" + ("" if dtype == "float32" else f", in {dtype}"),
         "",
-        f"Written by `experiments/unseen_architectures.py` ({seconds:.0f} s): {len(rows)} transformers model types "
-        "outside every corpus, tiny random configs, torch's dynamo exporter, fused and validated on each target. "
+        f"Written by `experiments/unseen_architectures.py --dtype {dtype}` ({seconds:.0f} s): {len(rows)} "
+        "transformers model types outside every corpus, tiny random configs, torch's dynamo exporter, fused and "
+        "validated on each target. "
         "Each cell: attention blocks fused / regions found · norms and activations · rotations (npu keeps rotations "
         "by design).",
         "",
@@ -256,15 +265,17 @@ def markdown(rows: dict, failed: dict, seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--types", nargs="*", default=list(TYPES))
+    parser.add_argument("--types", nargs="*", help="model types (default: all; the decoders for float16)")
     parser.add_argument("--out", type=Path, default=HERE / "corpus" / "unseen")
+    parser.add_argument("--dtype", choices=sorted(SUFFIX), default="float32")
     args = parser.parse_args(argv)
+    args.types = args.types or (list(TYPES) if args.dtype == "float32" else list(DECODERS))
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows, failed = {}, {}
     for model_type in args.types:
-        made = export(model_type, args.out)
+        made = export(model_type, args.out, args.dtype)
         if isinstance(made, str):
             failed[model_type] = made
             print(f"{model_type:<18} not exported: {made}", flush=True)
@@ -273,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model_type:<18} " + "  ".join(f"{t}: {rows[model_type][t]}" for t in TARGETS)[:300], flush=True)
     seconds = time.perf_counter() - start
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "unseen_architectures.json").write_text(json.dumps({"rows": rows, "not_exported": failed}, indent=1))
-    (RESULTS / "unseen_architectures.md").write_text(markdown(rows, failed, seconds))
+    name = f"unseen_architectures{SUFFIX[args.dtype]}"
+    (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "not_exported": failed}, indent=1))
+    (RESULTS / f"{name}.md").write_text(markdown(rows, failed, seconds, args.dtype))
     return 0
 
 
