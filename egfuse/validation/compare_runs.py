@@ -44,20 +44,9 @@ def compare_on(
         actual = validate.run(fused, data, names, weights=weights)
     except Exception:
         return {"regions": dict.fromkeys(entries, float("inf")), "outputs": []}
+    how = {"finite_only": finite_only, "copies": copies, "outputs_of_half": outputs_of_half}
     regions, compared = compared_outputs(
-        original,
-        data,
-        expected,
-        actual,
-        names,
-        entries,
-        outputs,
-        weights,
-        budget,
-        True,
-        finite_only,
-        copies,
-        outputs_of_half=outputs_of_half,
+        original, data, expected, actual, names, entries, outputs, weights, budget, where_defined=True, **how
     )
     failing = {key: c.max_abs_diff for key, c in regions.items() if not c.ok}
     if finite_only and float32_copies and _half(expected):
@@ -176,13 +165,12 @@ def _comparisons(
     how["precision"] = precision
     absorbed = absorbed or {}
 
-    def one(name: str, copy_of_half: bool = copy_of_half) -> validate.Comparison:
-        return validate.compare(
-            name, expected[name], actual[name], reference.get(name), absorbed=absorbed.get(name),
-            **{**how, "copy_of_half": copy_of_half},
-        )  # fmt: skip
+    def one(name: str, **overrides: object) -> validate.Comparison:
+        settings = {**how, **overrides}
+        return validate.compare(name, expected[name], actual[name], reference.get(name), absorbed=absorbed.get(name),
+                                **settings)  # fmt: skip
 
     judged = {key: r.output for key, r in entries.items() if r.output and r.output in expected and r.output in actual}
     regions = {key: one(name) for key, name in judged.items()}
-    graph = [one(n, copy_of_half or outputs_of_half) for n in outputs if n in actual]
+    graph = [one(n, copy_of_half=copy_of_half or outputs_of_half) for n in outputs if n in actual]
     return regions, graph
