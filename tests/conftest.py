@@ -49,6 +49,21 @@ def feature_model(nodes: list, inits: list, name: str, width: int, output: str =
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9)
 
 
+def with_output_scaled(model: onnx.ModelProto, op_type: str, index: int, factor: float) -> onnx.ModelProto:
+    """A copy of ``model`` whose ``index``-th ``op_type`` node's output is ``factor`` times what it was (the factor
+    cast like the output, so any float type takes it): a fault a fused op's validation must see."""
+    faulty = onnx.ModelProto()
+    faulty.CopyFrom(model)
+    node = [n for n in faulty.graph.node if n.op_type == op_type][index]
+    out = node.output[0]
+    node.output[0] = f"{out}_right"
+    faulty.graph.initializer.append(onnx.numpy_helper.from_array(np.array(factor, np.float32), "fault"))
+    at = list(faulty.graph.node).index(node) + 1
+    faulty.graph.node.insert(at, onnx.helper.make_node("CastLike", ["fault", f"{out}_right"], ["fault_t"]))
+    faulty.graph.node.insert(at + 1, onnx.helper.make_node("Mul", [f"{out}_right", "fault_t"], [out]))
+    return faulty
+
+
 def topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with nodes a test appended put back in topological order."""
     import onnx_ir as ir

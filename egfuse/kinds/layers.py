@@ -15,7 +15,7 @@ original on onnxruntime is put back alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx_ir as ir
@@ -93,20 +93,25 @@ def _widening_casts(members: set[ir.Node], claimed: set[ir.Node]) -> set[ir.Node
     half-precision model's norm computed in float32 (``x.float()``) starts there, so that with the narrowing
     cast after it the region is the norm in the model's own type (:mod:`egfuse.rules.precision`). An RMS norm's
     backward walk passes it already (its means read x², not x); a layer norm's means read x itself."""
-    casts = set()
+    return {
+        cast
+        for value, cast in _producers_outside(members, claimed, "Cast")
+        if _normalized_input(value) and not value.is_graph_output() and all(u.node in members for u in value.uses())
+    }
+
+
+def _producers_outside(
+    members: set[ir.Node], claimed: set[ir.Node], op_type: str
+) -> Iterator[tuple[ir.Value, ir.Node]]:
+    """Each value the members read that an ``op_type`` node of the standard domain outside them (and outside every
+    region found before) computes, with that node."""
     for node in members:
         for value in node.inputs:
-            cast = value.producer() if value is not None else None
-            if cast is None or cast in members or cast in claimed or cast.op_type != "Cast":
+            producer = value.producer() if value is not None else None
+            if producer is None or producer in members or producer in claimed or producer.op_type != op_type:
                 continue
-            if (
-                cast.domain in ("", "ai.onnx")
-                and _normalized_input(value)
-                and not value.is_graph_output()
-                and all(use.node in members for use in value.uses())
-            ):
-                casts.add(cast)
-    return casts
+            if producer.domain in ("", "ai.onnx"):
+                yield value, producer
 
 
 def _spread(
@@ -136,14 +141,8 @@ def _spread(
 
 def _residual_sums(members: set[ir.Node], facts: GraphFacts, claimed: set[ir.Node]) -> set[ir.Node]:
     """The residual sum a norm's members read: an ``Add`` of two computed values outside them."""
-    sums = set()
-    for node in members:
-        for value in node.inputs:
-            add = value.producer() if value is not None else None
-            if add is None or add in members or add in claimed or add.op_type != "Add":
-                continue
-            if add.domain in ("", "ai.onnx") and all(v is not None and facts.const(v) is None for v in add.inputs):
-                sums.add(add)
+    sums = {add for _, add in _producers_outside(members, claimed, "Add")
+            if all(v is not None and facts.const(v) is None for v in add.inputs)}  # fmt: skip
     return sums if len(sums) == 1 else set()
 
 

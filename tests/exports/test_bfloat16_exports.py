@@ -17,7 +17,7 @@ import egfuse
 from egfuse.validation import judge, validate
 from egfuse.validation.runner import run
 
-from ..conftest import DATA
+from ..conftest import DATA, with_output_scaled
 
 HALF = DATA / "half"
 MODELS = [m for m in json.loads((HALF / "manifest.json").read_text())["models"] if "bfloat16" in m["flavour"]]
@@ -135,13 +135,5 @@ def test_a_tanh_gelu_whose_constants_bfloat16_rounds_fuses_on_generated_feeds():
     assert report.fused == entry["blocks"] and report.validated is True, str(report)
     gelus = [n for n in result.model.graph.node if n.op_type == "Gelu"]
     assert len(gelus) == entry["blocks"] and all(r.status == "fused" for r in report.layer_ops), str(report)
-    wrong = onnx.ModelProto()
-    wrong.CopyFrom(result.model)
-    gelu = next(n for n in wrong.graph.node if n.op_type == "Gelu")
-    out = gelu.output[0]
-    gelu.output[0] = f"{out}_right"
-    wrong.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.01, np.float32), "fault"))
-    at = list(wrong.graph.node).index(gelu) + 1
-    wrong.graph.node.insert(at, onnx.helper.make_node("CastLike", ["fault", f"{out}_right"], ["fault_t"]))
-    wrong.graph.node.insert(at + 1, onnx.helper.make_node("Mul", [f"{out}_right", "fault_t"], [out]))
+    wrong = with_output_scaled(result.model, "Gelu", 0, 1.01)
     assert judge.judge(onnx.load(path), wrong, report, None, None).failing

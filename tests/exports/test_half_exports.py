@@ -22,7 +22,7 @@ from egfuse.targets import ort
 from egfuse.testing import disagreements
 from egfuse.validation import validate
 
-from ..conftest import DATA, one_target_fast
+from ..conftest import DATA, one_target_fast, with_output_scaled
 
 HALF = DATA / "half"
 MODELS = [
@@ -163,18 +163,13 @@ def test_a_float32_norm_in_a_float16_model_off_by_a_fault_is_still_rolled_back(f
     count = sum(n.op_type == "RMSNormalization" for n in result.model.graph.node)
     assert count == 13, str(result.report)
     for k in range(count):
-        mutant = onnx.ModelProto()
-        mutant.CopyFrom(result.model)
-        node = [n for n in mutant.graph.node if n.op_type == "RMSNormalization"][k]
         if fault == "epsilon 0.1":
+            mutant = onnx.ModelProto()
+            mutant.CopyFrom(result.model)
+            node = [n for n in mutant.graph.node if n.op_type == "RMSNormalization"][k]
             next(a for a in node.attribute if a.name == "epsilon").f = 0.1
         else:
-            out = node.output[0]
-            node.output[0] = f"{out}_right"
-            mutant.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.01, np.float32), "fault"))
-            at = list(mutant.graph.node).index(node) + 1
-            mutant.graph.node.insert(at, onnx.helper.make_node("CastLike", ["fault", f"{out}_right"], ["fault_t"]))
-            mutant.graph.node.insert(at + 1, onnx.helper.make_node("Mul", [f"{out}_right", "fault_t"], [out]))
+            mutant = with_output_scaled(result.model, "RMSNormalization", k, 1.01)
         report = copy.deepcopy(result.report)
         verdict = judge(original, mutant, report, None, None)
         assert verdict.failing or verdict.validated is not True, (fault, k)
