@@ -58,7 +58,7 @@ def fuse(
     if feeds is not None and validate:
         _check_feed_names(feeds, loaded)
     given = loaded.proto  # handed back as it is where nothing changes
-    lean, metadata = node_metadata.set_aside(given)
+    lean, metadata = node_metadata.set_aside(given, in_place=loaded.owned)
     loaded = replace(loaded, proto=lean)
     checker_note = well_formed.checker_note(loaded.proto)
     budgets = budgets or Budgets()
@@ -78,7 +78,7 @@ def fuse(
     report.notes.extend(_provider_notes(priced, providers))
     if not report.changed:
         fused_proto = given
-    elif metadata is not None:
+    if metadata is not None and (report.changed or lean is given):  # taken off the given model itself: put back
         metadata.put_back(fused_proto)
     report.stats["seconds_total"] = time.perf_counter() - start
     if report.changed:

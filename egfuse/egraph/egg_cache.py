@@ -16,7 +16,7 @@ from pathlib import Path
 
 __all__ = ["Base", "Rules", "cache_folder", "path_for", "read", "source_hash", "write"]
 
-_FORMAT = 1  # bump when the file's layout changes
+_FORMAT = 2  # bump when the file's layout changes
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Rules:
     (``masks.12``, :func:`egfuse.rules.rule_names`): what run reports count matches by."""
     sized: frozenset[str]
     """The base's and those the rules declare."""
+    reach: tuple[tuple[tuple[str, ...], tuple[str, ...]] | None, ...] = ()
+    """Per command: None, or a rule's constructors needed and built (:func:`egfuse.egraph.rule_reach.analysed`);
+    empty where not read yet."""
 
 
 def cache_folder() -> Path | None:
@@ -94,7 +97,10 @@ def read(path: Path, with_rules: bool) -> tuple[Base, Rules | None] | None:
         if not with_rules:
             return base, None
         r = data["rules"]
-        return base, Rules(tuple(r["commands"]), r["run"], dict(r["rule_names"]), frozenset(r["sized"]))
+        reach = tuple(None if x is None else (tuple(x[0]), tuple(x[1])) for x in r["reach"])
+        if len(reach) != len(r["commands"]):
+            return None
+        return base, Rules(tuple(r["commands"]), r["run"], dict(r["rule_names"]), frozenset(r["sized"]), reach)
     except (OSError, ValueError, KeyError, TypeError):  # absent, partly written by an older egfuse, unreadable
         return None
 
@@ -106,7 +112,7 @@ def write(path: Path, base: Base, rules: Rules | None) -> None:
                                                     "sized": sorted(base.sized)}}  # fmt: skip
     if rules is not None:
         data["rules"] = {"commands": rules.commands, "run": rules.run, "rule_names": rules.rule_names,
-                         "sized": sorted(rules.sized)}  # fmt: skip
+                         "sized": sorted(rules.sized), "reach": rules.reach}  # fmt: skip
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ import egglog
 from egglog import bindings
 from egglog.declarations import Declarations
 
-from egfuse.egraph import egg_cache, lang, term_facts
+from egfuse.egraph import egg_cache, lang, rule_reach, term_facts
 from egfuse.egraph.egg_cache import Base, Rules
 from egfuse.egraph.perms import perm_table, swap_table
 
@@ -179,7 +179,8 @@ def make(ruleset: egglog.Ruleset | None = None) -> Made:
         commands = tuple(rest)
         replayed = _replayed_names(commands, list(decls))
         named = {text: stable[decls[egg]] for text, egg in replayed.items() if decls[egg] in stable}
-        rules = Rules(commands, str(run), named, _sized(egraph))
+        reach = rule_reach.analysed(commands, constructor_names(names))
+        rules = Rules(commands, str(run), named, _sized(egraph), reach)
         own_names = {egg: stable[decl] for egg, decl in decls.items() if decl in stable}
     made = Made(egraph, base, rules, own_names, _reads_back(base, rules))
     if made.faithful:
@@ -285,6 +286,12 @@ def _remember(ruleset: egglog.Ruleset | None, base: Base, rules: Rules | None) -
     path = egg_cache.path_for(families, ruleset is None) if on_disk else None
     if path is not None:
         egg_cache.write(path, base, rules)
+
+
+def constructor_names(names: dict[str, str]) -> frozenset[str]:
+    """The egglog names of the language's constructors, ``names`` a base's (Python name → egglog name): what
+    :mod:`~egfuse.egraph.rule_reach` reads terms and rules by."""
+    return frozenset(names[n] for n in constructors() if n in names) | {REF}
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import egglog
 from egglog import bindings
 
 from egfuse.egraph import egg_cache, egg_program, rule_reach
-from egfuse.egraph.egg_program import REF, egg_names, flat_declarations
+from egfuse.egraph.egg_program import egg_names, flat_declarations
 
 __all__ = ["EClass", "ENode", "RunStats", "Session", "egg_names", "flat_declarations"]
 
@@ -77,7 +77,7 @@ class Session:
         self._sized = base.sized
         self.names: dict[str, str] = dict(base.names)
         self._python_name = {egg: py for py, egg in self.names.items()}
-        self._constructors = frozenset(self.names[n] for n in egg_program.constructors() if n in self.names) | {REF}
+        self._constructors = egg_program.constructor_names(self.names)
         """The egglog names of the language's constructors: what :mod:`~egfuse.egraph.rule_reach` reads terms by."""
         (self._print_size,) = self._raw.parse_program("(print-size)")
 
@@ -124,7 +124,7 @@ class Session:
             assert rules is not None
             commands = rules.commands
             if present is not None:
-                commands = rule_reach.firing(commands, self._constructors, present)
+                commands = rule_reach.firing(commands, self._constructors, present, rules.reach or None)
             self.rules_loaded = sum(rule_reach.is_rule(c) for c in commands)
             egg_program.run_commands(self._raw, commands)
             self._rule_names_of = rules.rule_names

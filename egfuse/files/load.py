@@ -31,6 +31,9 @@ class LoadedModel:
     weights_folder: Path | None = None
     """Where ``proto``'s large tensors still are: a model whose weights are all in files is never read whole
     (every stage works on the graph, onnxruntime maps the files, the result's weights are streamed from them)."""
+    owned: bool = False
+    """``proto`` was made here (read from a file, serialized from IR, reordered): no caller holds it, so a stage
+    may change it in place where it would otherwise copy it (and must undo that where it is handed back)."""
 
     @property
     def opset(self) -> int:
@@ -56,7 +59,7 @@ def load(model: ModelLike) -> LoadedModel:
     _check(loaded)
     order = well_formed.check(loaded.proto, loaded.source)
     if order != sorted(order):
-        loaded.proto = _sorted(loaded.proto, order)
+        loaded.proto, loaded.owned = _sorted(loaded.proto, order), True
     return loaded
 
 
@@ -87,7 +90,7 @@ def _load_path(path: Path) -> LoadedModel:
     keep = protos.SMALL_TENSOR if protos.weight_bytes(proto) <= protos.DETACH_BYTES else None
     weights = read_external_data(proto, path.parent, str(path), keep_from=keep)
     folder = path.parent if keep is not None and _external_tensors(proto) else None
-    return LoadedModel(proto, str(path), bool(weights), (path, *weights), folder)
+    return LoadedModel(proto, str(path), bool(weights), (path, *weights), folder, owned=True)
 
 
 def model_files(path: Path) -> tuple[Path, ...]:

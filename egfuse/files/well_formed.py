@@ -141,8 +141,20 @@ def _schema(op_type: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
 
 
 def _check_text(graph: onnx.GraphProto, source: str, where: str) -> None:
-    """Names are UTF-8 text (protobuf hands bytes that are not as ``bytes``: nothing can be written back)."""
+    """Names are UTF-8 text (protobuf hands bytes that are not as ``bytes``: nothing can be written back).
+    Joined a node at a time first — text joins, bytes among them raise — and looked at name by name only then:
+    a type test of every name took 6 ms of a 48-layer BERT's load."""
     values = [*graph.input, *graph.output, *graph.value_info, *graph.initializer]
+    try:
+        "".join([value.name for value in values])
+        for node in graph.node:
+            "".join(node.input), "".join(node.output), node.name + node.op_type + node.domain
+            if node.attribute:
+                "".join([a.name for a in node.attribute])
+    except TypeError:
+        pass  # found below, with the message
+    else:
+        return
     for value in values:
         if isinstance(value.name, bytes):
             raise InvalidModelError(f"a value name{where} is not UTF-8 text: {value.name[:40]!r}", path=source)
@@ -204,11 +216,18 @@ def _in_order(graph: onnx.GraphProto, known: set[str]) -> bool:
     Kahn's algorithm would give (it takes the earliest ready node first)."""
     outputs = {o for node in graph.node for o in node.output if o}
     ready = known - outputs
+    ready.add("")  # an omitted optional input reads nothing
     for node in graph.node:
-        if not all(name in ready for name in _reads(node)):
+        if not ready.issuperset(node.input):
             return False
-        ready.update(o for o in node.output if o)
+        if node.attribute and _has_subgraph(node) and not ready.issuperset(_reads(node)):
+            return False
+        ready.update(node.output)
     return True
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _cycle(start: int, waiting: list[set[int]], graph: onnx.GraphProto) -> list[str]:

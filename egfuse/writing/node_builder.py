@@ -43,9 +43,7 @@ class NodeBuilder:
         count: int = 1,
     ) -> list[ir.Value]:
         name = self._name(op)
-        node = ir.Node(
-            domain, op, inputs, attributes=ir.convenience.convert_attributes(attrs or {}), name=name, num_outputs=count
-        )
+        node = ir.Node(domain, op, inputs, attributes=_attributes(attrs or {}), name=name, num_outputs=count)
         for i, out in enumerate(node.outputs):
             out.name = name if i == 0 else f"{name}/{i}"
             self.created.add(out)
@@ -55,14 +53,14 @@ class NodeBuilder:
         return list(node.outputs)
 
     def const(self, array: np.ndarray, hint: str = "const") -> ir.Value:
-        out = self.node("Constant", [], {"value": ir.tensor(array, name=self._name(hint))})
+        out = self.node("Constant", [], {"value": _tensor(array, self._name(hint))})
         # Typed, so what is computed from it is too: a mask of unknown dtype was passed to the standard op
         # without :meth:`Emitter.finite_mask` (a select mask plus a padding term, GPT-2/GPT-Neo eager).
         out.dtype, out.shape = ir.DataType.from_numpy(np.asarray(array).dtype), ir.Shape(np.asarray(array).shape)
         return out
 
     def initializer(self, array: np.ndarray, hint: str) -> ir.Value:
-        value = ir.Value(name=self._name(hint), const_value=ir.tensor(array))
+        value = ir.Value(name=self._name(hint), const_value=_tensor(array))
         value.dtype = ir.DataType.from_numpy(array.dtype)
         value.shape = ir.Shape(array.shape)
         self.graph.register_initializer(value)
@@ -105,3 +103,35 @@ def replace_output(graph: ir.Graph, old: ir.Value, new: ir.Value, fresh: bool) -
         new.shape = old.shape
     if new.dtype is None and old.dtype is not None:
         new.dtype = old.dtype
+
+
+def _tensor(array: np.ndarray, name: str | None = None) -> ir.Tensor:
+    """``ir.tensor(array, name=name)`` for the numpy arrays written here, without its runtime protocol checks (a
+    typing ``Protocol`` isinstance per call, a third of writing a layer's constants)."""
+    if isinstance(array, np.ndarray):
+        return ir.Tensor(array, name=name)
+    return ir.tensor(array, name=name)  # type: ignore[return-value]
+
+
+def _attributes(attrs: dict[str, object]) -> list[ir.Attr]:
+    """``ir.convenience.convert_attributes`` for the values written here: ints, floats, text, tensors and lists
+    of ints or floats made directly; any other through onnx-ir's inference, which tests a value against the
+    graph and tensor protocols first (slow for a tensor or a list: 1,700 protocol checks for a 48-layer BERT)."""
+    made = []
+    for name, value in attrs.items():
+        kind = type(value)
+        if kind is int:
+            made.append(ir.AttrInt64(name, value))
+        elif kind is float:
+            made.append(ir.AttrFloat32(name, value))
+        elif kind is str:
+            made.append(ir.AttrString(name, value))
+        elif isinstance(value, ir.Tensor):
+            made.append(ir.AttrTensor(name, value))
+        elif kind in (list, tuple) and value and all(type(v) is int for v in value):
+            made.append(ir.AttrInt64s(name, value))
+        elif kind in (list, tuple) and value and all(type(v) is float for v in value):
+            made.append(ir.AttrFloat32s(name, value))
+        else:
+            made.append(ir.convenience.convert_attribute(name, value))  # type: ignore[arg-type]
+    return made

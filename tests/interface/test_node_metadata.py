@@ -66,6 +66,31 @@ def test_a_model_nothing_fused_in_comes_back_as_given(export):
     assert result.model is export
 
 
+def test_a_model_read_from_a_file_is_stripped_in_place_and_handed_back_whole(export, monkeypatch):
+    """Read from a path, the model is egfuse's own: the entries are taken off it without a copy, and where
+    nothing is fused it comes back with every node's entries as the file holds them."""
+    in_place = []
+    inner = node_metadata.set_aside
+
+    def spy(model, **kwargs):
+        lean, aside = inner(model, **kwargs)
+        in_place.append(lean is model and aside is not None)
+        return lean, aside
+
+    monkeypatch.setattr(egfuse.api.node_metadata, "set_aside", spy)
+    result = egfuse.fuse(str(EXPORT), target="ort", rotary=False, budgets=egfuse.Budgets(max_iterations=0))
+    assert result.report.fused == 0 and in_place == [True], "set aside in place: no copy of the model"
+    assert [_entries(n) for n in result.model.graph.node] == [_entries(n) for n in export.graph.node]
+    fused = egfuse.fuse(str(EXPORT), target="ort")
+    assert in_place == [True, True]
+    given = {node.name: node for node in export.graph.node}
+    kept = [node for node in fused.model.graph.node if node.name in given]
+    assert fused.report.fused >= 1 and kept
+    assert all(_entries(node) == _entries(given[node.name]) for node in kept)
+    egfuse.fuse(export, target="ort", rotary=False, budgets=egfuse.Budgets(max_iterations=0))
+    assert in_place[-1] is False, "the caller's model is never changed"
+
+
 def test_names_that_cannot_bring_entries_back_leave_the_metadata_on(export):
     twice = onnx.ModelProto()
     twice.CopyFrom(export)

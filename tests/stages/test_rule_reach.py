@@ -38,6 +38,26 @@ def test_with_every_constructor_present_every_rule_is_kept():
     assert rule_reach.firing(RULES, CONSTRUCTORS, set(CONSTRUCTORS)) == list(RULES)
 
 
+def test_the_reach_kept_with_the_rules_is_what_their_text_says():
+    """The program cache keeps each rule's needs and builds beside its text (read off it once); the rules kept
+    from that data are the rules kept from the text."""
+    reach = rule_reach.analysed(RULES, CONSTRUCTORS)
+    assert reach[0] is None and reach[3] == (("cube",), ("attend", "cube"))
+    for present in ({"mul"}, {"tanh"}, {"add", "attend"}, set()):
+        assert rule_reach.firing(RULES, CONSTRUCTORS, present, reach) == rule_reach.firing(RULES, CONSTRUCTORS, present)
+
+
+def test_the_cached_program_carries_the_reach_of_its_rules():
+    from egfuse.rules import ruleset_for
+
+    from egfuse.egraph import egg_program
+
+    base, rules = egg_program.program(ruleset_for(("ort",)))
+    constructors = egg_program.constructor_names(base.names)
+    assert rules.reach == rule_reach.analysed(rules.commands, constructors)
+    assert sum(r is not None for r in rules.reach) > 500
+
+
 def test_constructors_are_read_from_calls_not_from_variables_or_strings():
     found = rule_reach.constructors_in(['(let t (mul (add x "tanh") cube))'], CONSTRUCTORS)
     assert found == {"mul", "add"}
@@ -48,7 +68,7 @@ def test_the_pruned_rules_fuse_exactly_as_all_of_them(name, monkeypatch):
     path = DATA / f"{name}.onnx"
     egfuse.fuse(str(path), target="ort")  # a fresh cache loads the rules through egglog-python once, all of them
     pruned = egfuse.fuse(str(path), target="ort")
-    monkeypatch.setattr(rule_reach, "firing", lambda commands, constructors, present: list(commands))
+    monkeypatch.setattr(rule_reach, "firing", lambda commands, constructors, present, reach=None: list(commands))
     whole = egfuse.fuse(str(path), target="ort")
     assert pruned.report.stats["rules_loaded"] < whole.report.stats["rules_loaded"]
     for key in ("enodes_before", "enodes_after", "iterations", "stop_reason", "distinct_regions"):
