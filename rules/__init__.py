@@ -58,7 +58,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""
 
-CONSTRUCTORS: dict[str, object] = {**tanh_gelu.CONSTRUCTORS}
+CONSTRUCTORS: dict[str, object] = {**tanh_gelu.CONSTRUCTORS, **ort.CONSTRUCTORS}
 """Constructors a family declares itself (a region kind's fused op and its canonical steps), by name: part of
 the e-graph's language beside :class:`egfuse.egraph.lang.Tensor`'s, read back and viewed like them."""
 

@@ -182,7 +182,7 @@ class CostModel:
         bias = self.dims(a.bias)
         if None in (q, k, v):
             return None
-        heads = int(a.heads) if node.op in ("mha", "gqa", "mha_kv4") else (q[1] if len(q) == 4 else 1)
+        heads = int(a.heads) if node.op in ("mha", "gqa", "mha_kv4", "mha_standard") else (q[1] if len(q) == 4 else 1)
         if len(q) == 4:
             batch, s, h = q[0], q[2], q[3]
         else:

@@ -228,6 +228,7 @@ SHAPE_RULES: dict[str, ShapeRule] = {
     "attend": _attend,
     "attend_z": _attend,
     "mha": _mha,
+    "mha_standard": _mha,
     "gqa": _gqa,
     "mha_kv4": _mha_kv4,
     "packed_attention": _packed_attention,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 STANDARD_ATTENTION_OPSET = 23
 """The default-domain opset that defines the standard ``Attention`` and ``RotaryEmbedding`` ops."""
 
-ATTENTION = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention"})
+ATTENTION = frozenset({"attend", "attend_z", "mha", "gqa", "mha_kv4", "packed_attention", "mha_standard"})
 """The language's attention constructors: one attention each, however a target writes it."""
 
 LAYER_OPS = frozenset({"layer_norm", "skip_layer_norm", "rms_norm", "skip_rms_norm", "gelu", "bias_gelu"})

@@ -27,11 +27,11 @@ from egfuse.writing.single_head_write import THREE_D, single_head
 
 
 def standard(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
-    """``attend``/``attend_z`` (4D, grouped K/V heads native) or ``mha``/``gqa`` (3D) as one standard
-    ``Attention``; a KV cache Concat on 4D K/V goes in as past_key/past_value."""
+    """``attend``/``attend_z`` (4D, grouped K/V heads native) or ``mha``/``mha_standard``/``gqa`` (3D) as one
+    standard ``Attention``; a KV cache Concat on 4D K/V goes in as past_key/past_value."""
     a = view(node)
     q, k, v, bias, scale, cap = a.q, a.k, a.v, a.bias, a.scale, a.cap
-    three_d = node.op in ("mha", "gqa")
+    three_d = node.op in ("mha", "mha_standard", "gqa")
     seq_axis = 1 if three_d else 2
     # Some float16 masks go in float32 (the op's mask type is free): MaskWriter.widens_for_half. bfloat16 has
     # float32's range: its fills absorb float32 scores as they are.
