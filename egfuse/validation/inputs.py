@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import numpy.random  # numpy 2 loads its random module on first use: 8 ms inside the first validation
 import onnx
 
 from egfuse.validation.dim_bindings import bind_dim, input_dims, long_dims, related_bindings, unnamed_batches
