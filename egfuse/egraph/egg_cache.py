@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from egfuse.egraph.rule_reach import Reach
+
 __all__ = ["Base", "Rules", "cache_folder", "path_for", "read", "source_hash", "write"]
 
 _FORMAT = 2  # bump when the file's layout changes
@@ -44,7 +46,7 @@ class Rules:
     (``masks.12``, :func:`egfuse.rules.rule_names`): what run reports count matches by."""
     sized: frozenset[str]
     """The base's and those the rules declare."""
-    reach: tuple[tuple[tuple[str, ...], tuple[str, ...]] | None, ...] = ()
+    reach: Reach = ()
     """Per command: None, or a rule's constructors needed and built (:func:`egfuse.egraph.rule_reach.analysed`);
     empty where not read yet."""
 

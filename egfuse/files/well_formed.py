@@ -142,18 +142,9 @@ def _schema(op_type: str, opset: int, domain: str) -> onnx.defs.OpSchema | None:
 
 def _check_text(graph: onnx.GraphProto, source: str, where: str) -> None:
     """Names are UTF-8 text (protobuf hands bytes that are not as ``bytes``: nothing can be written back).
-    Joined a node at a time first — text joins, bytes among them raise — and looked at name by name only then:
-    a type test of every name took 6 ms of a 48-layer BERT's load."""
+    Looked at name by name only where one is not (a type test of every name took 6 ms of a 48-layer BERT's load)."""
     values = [*graph.input, *graph.output, *graph.value_info, *graph.initializer]
-    try:
-        "".join([value.name for value in values])
-        for node in graph.node:
-            "".join(node.input), "".join(node.output), node.name + node.op_type + node.domain
-            if node.attribute:
-                "".join([a.name for a in node.attribute])
-    except TypeError:
-        pass  # found below, with the message
-    else:
+    if _all_text(values, graph.node):
         return
     for value in values:
         if isinstance(value.name, bytes):
@@ -166,6 +157,18 @@ def _check_text(graph: onnx.GraphProto, source: str, where: str) -> None:
                 f"#{index}" if isinstance(node.name, bytes) or isinstance(node.op_type, bytes) else _label(node, index)
             )
             raise InvalidModelError(f"node {label}{where} has a name that is not UTF-8 text: {bad[:40]!r}", path=source)
+
+
+def _all_text(values: list, nodes) -> bool:
+    """Whether every name of ``values`` and ``nodes`` is text: joining text works, a ``bytes`` among it raises."""
+    try:
+        "".join([value.name for value in values])
+        for node in nodes:
+            names = [node.name, node.op_type, node.domain, *node.input, *node.output]
+            "".join([*names, *(a.name for a in node.attribute)])
+    except TypeError:
+        return False
+    return True
 
 
 def _run_order(graph: onnx.GraphProto, known: set[str], source: str, where: str) -> list[int]:
