@@ -203,10 +203,10 @@ def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
     if bits is None:
         if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
             return None
-        try:
-            bits = 8 * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        except (KeyError, TypeError, ValueError):
+        size = protos.item_bytes(tensor.data_type)
+        if size is None:
             return None
+        bits = 8 * size
     return (math.prod(tensor.dims) * bits + 7) // 8
 
 

@@ -24,10 +24,8 @@ def _item_bytes() -> dict[int, int]:
     for data_type in onnx.TensorProto.DataType.values():
         if data_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING) or _bits(data_type) is not None:
             continue
-        try:
-            sizes[data_type] = onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
-        except (KeyError, TypeError, ValueError):
-            continue
+        if (size := protos.item_bytes(data_type)) is not None:
+            sizes[data_type] = size
     return sizes
 
 
