@@ -72,23 +72,65 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT, fills: b
         if info.type.tensor_type.elem_type in narrow:
             info.type.tensor_type.elem_type = to
 
-    def widen(tensor: onnx.TensorProto) -> None:
+    cast_down = _cast_to_half(model) if fills else {}
+
+    def widen(tensor: onnx.TensorProto, name: str) -> None:
         if tensor.data_type in narrow:
             array = onnx.numpy_helper.to_array(tensor)
             widened = array.astype(wide_type)
             if fills and tensor.data_type in HALF_TYPES:
                 widened = _keep_fills(array, widened)
             tensor.CopyFrom(onnx.numpy_helper.from_array(widened, tensor.name))
+        elif name in cast_down and tensor.data_type == onnx.TensorProto.FLOAT and _small(tensor):
+            array = onnx.numpy_helper.to_array(tensor)
+            kept = _keep_fills(array.astype(cast_down[name]), array)
+            if not np.array_equal(kept, array):
+                tensor.CopyFrom(onnx.numpy_helper.from_array(kept, tensor.name))
 
     for tensor in graph.initializer:
-        widen(tensor)
+        widen(tensor, tensor.name)
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
-                widen(attr.t)
+                widen(attr.t, node.output[0] if node.op_type in _CONSTANTS and node.output else "")
             elif attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i in narrow:
                 attr.i = to
     return wide
+
+
+def _cast_to_half(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """The values cast to a half type (``Cast`` to it, ``CastLike`` to a value of it or of no known type) → that
+    type. An exporter may write a half-precision mask's fill as a float32 constant cast down (torch's
+    ``finfo(float16).min`` as float32 −65504, then ``CastLike`` the mask): in the model it is the half type's
+    end all the same, and a copy that keeps fills must keep that one too."""
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    for node in model.graph.node:
+        value = node.attribute[0] if node.op_type in _CONSTANTS and node.output and node.attribute else None
+        if value is not None and value.type == onnx.AttributeProto.TENSOR:
+            types[node.output[0]] = value.t.data_type
+    found: dict[str, np.dtype] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        if node.op_type == "Cast":
+            target = next((a.i for a in node.attribute if a.name == "to"), None)
+        elif node.op_type == "CastLike" and len(node.input) > 1:
+            target = types.get(node.input[1], onnx.TensorProto.FLOAT16)
+        else:
+            continue
+        if target == onnx.TensorProto.FLOAT16:  # (bfloat16 has float32's range: no fill of its own to keep)
+            found[node.input[0]] = np.dtype(np.float16)
+    return found
+
+
+_CONSTANTS = ("Constant", "ConstantOfShape")
+"""Nodes whose tensor attribute is their output's value (a fill read by name as a cast's input)."""
+
+
+def _small(tensor: onnx.TensorProto) -> bool:
+    external = tensor.data_location == onnx.TensorProto.EXTERNAL
+    return not external and int(np.prod(tensor.dims, dtype=np.int64)) <= FILL_SCAN_LIMIT
 
 
 FILL_SCAN_LIMIT = 4096

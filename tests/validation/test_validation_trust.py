@@ -341,3 +341,69 @@ def test_absorbing_scale_keeps_how_fills_compare():
     assert mask_fill(-1e4, np.dtype(np.float32), two) > mask_fill(-1e9, np.dtype(np.float32), two)
     assert absorbing_scale([-1.0], 1) is None and absorbing_scale([float("-inf")], 1) is None
     assert mask_fill(-1e4, np.dtype(np.float16), 2.0**87) == -1e4  # float16 holds no absorbing fill
+
+
+def _cast_fill_model() -> onnx.ModelProto:
+    """Doge's float16 spelling: a causal and padding mask whose fill is a float32 constant (−65504, torch's
+    ``finfo(float16).min`` written as float32) ``CastLike``'d to the scores. onnxruntime's CPU adds the mask in
+    float32 (it has no float16 Add), so a row whose every key is hidden is the scores' softmax there; its
+    standard ``Attention`` adds in float16, where the fill absorbs the scores (the mean of V)."""
+    make, half = onnx.helper.make_node, onnx.TensorProto.FLOAT16
+    rng = np.random.default_rng(3)
+    batch, seq, heads, dim = 2, 6, 2, 8
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float16), f"w{n}")
+               for n in "qkv"]  # fmt: skip
+    consts = [
+        onnx.numpy_helper.from_array(np.array([batch, seq, heads, dim], np.int64), "split_shape"),
+        onnx.numpy_helper.from_array(np.array([batch, seq, heads * dim], np.int64), "merged_shape"),
+        onnx.numpy_helper.from_array(np.array(dim**-0.5, np.float16), "scale"),
+        onnx.numpy_helper.from_array(np.array(-65504.0, np.float32), "fill32"),
+        onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero32"),
+        onnx.numpy_helper.from_array(np.tril(np.ones((seq, seq), bool)), "causal"),
+        onnx.numpy_helper.from_array(np.array([1, 2], np.int64), "axes12"),
+    ]
+    nodes = []
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [make("MatMul", ["x", f"w{name}"], [f"{name}_proj"]),
+                  make("Reshape", [f"{name}_proj", "split_shape"], [f"{name}_split"]),
+                  make("Transpose", [f"{name}_split"], [name], perm=perm)]  # fmt: skip
+    nodes += [
+        make("MatMul", ["q", "k"], ["qk"]),
+        make("Mul", ["qk", "scale"], ["scores"]),
+        make("Cast", ["attention_mask"], ["padding"], to=onnx.TensorProto.BOOL),
+        make("Unsqueeze", ["padding", "axes12"], ["padding4"]),
+        make("And", ["padding4", "causal"], ["keep"]),
+        make("CastLike", ["fill32", "scores"], ["fill"]),
+        make("CastLike", ["zero32", "scores"], ["zero"]),
+        make("Where", ["keep", "zero", "fill"], ["mask"]),
+        make("Add", ["scores", "mask"], ["masked"]),
+        make("Softmax", ["masked"], ["probs"], axis=-1),
+        make("MatMul", ["probs", "v"], ["context"]),
+        make("Transpose", ["context"], ["context_t"], perm=[0, 2, 1, 3]),
+        make("Reshape", ["context_t", "merged_shape"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "cast_fill",
+        [onnx.helper.make_tensor_value_info("x", half, [batch, seq, 16]),
+         onnx.helper.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64, [batch, seq])],
+        [onnx.helper.make_tensor_value_info("y", half, [batch, seq, 16])],
+        [*weights, *consts],
+    )  # fmt: skip
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_a_float32_fill_cast_to_half_precision_is_a_fill(target: str):
+    """The fill is the half type's end however it is written: a row it hides entirely is decided by rounding
+    (finite only, judged on float32 copies where both fills absorb), so the standard op, which adds the mask in
+    float16, is not rolled back (it was: 0.1 off on Doge's float16 export) — and a fused model that changes
+    what such a row means, or drops the mask, is still caught."""
+    original = _cast_fill_model()
+    result = egfuse.fuse(original, target=target)
+    assert result.report.validated is True and result.report.fused == 1, str(result.report)
+    assert {n.op_type for n in result.model.graph.node} >= {"Attention"}
+    feeds = feeds_for(original, seed=5, left_padding=True)
+    assert not disagreements(original, result.model, feeds)
+    for fault in ("fully masked rows changed", "mask dropped", "padding side flipped"):
+        outcome = mutations.trial(original, result, mutations.FAULTS[fault])
+        assert outcome is not None and outcome["caught"], (fault, outcome)
