@@ -1,10 +1,12 @@
 """Float32 copies of a half-precision model, for judging what it computes where its own precision cannot be run.
 
-Two places need them: a bfloat16 original that onnxruntime's CPU provider refuses for want of kernels (the
-whole check then runs on the copies), and the mask-exercising feeds of a float16 model, where a fully masked row
-is the fill's rounding in half precision but has one answer once widened (:mod:`egfuse.validation.judge`). Kept apart
-from the judge because deciding *when* a copy says something true of the model is its own question: bfloat16 has
-float32's exponent range and the fills stay at float32's ends, so the copies keep what masks and overflows mean.
+Two places need them: a half-precision original that onnxruntime's CPU provider refuses for want of kernels
+(bfloat16 models mostly; float16 ones where an op has no float16 kernel, such as a ScatterND that adds: the whole
+check then runs on the copies), and the mask-exercising feeds of a float16 model, where a fully masked row is the
+fill's rounding in half precision but has one answer once widened (:mod:`egfuse.validation.judge`). Kept apart from
+the judge because deciding *when* a copy says something true of the model is its own question: the fills stay at
+float32's ends (a float16 fill at finfo.min moved there, :func:`egfuse.validation.widen.upcast`), so the copies
+keep what masks mean; bfloat16 also has float32's exponent range, so they keep what overflows mean too.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import onnx
 
 from egfuse.files import protos
 from egfuse.validation import validate
+from egfuse.validation.widen import HALF_TYPES
 
 FLOAT32_COPIES_NOTE = (
-    "validated on float32 copies of both models: onnxruntime's CPU provider has no bfloat16 kernels for this model, "
-    "so what each fused region computes is checked, and bfloat16's own rounding (the kernel's) is not"
+    "validated on float32 copies of both models: onnxruntime's CPU provider has no half-precision kernels for some "
+    "of this model's ops, so what each fused region computes is checked, and the half type's own rounding (the "
+    "kernel's) is not"
 )
 
 
@@ -27,12 +31,12 @@ def float32_copies(
     weights: protos.DetachedWeights | None,
     err: Exception,
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, dict | None] | None:
-    """Float32 copies of both models (and the feeds) where onnxruntime refused a bfloat16 original for want of
-    kernels — its CPU provider runs few bfloat16 ops, the GPUs that run such models do. bfloat16 has float32's
-    exponent range, so the copies keep what the masks' fills and every overflow mean, and only the rounding
-    is the kernel's. None for any other failure, for a model without bfloat16 values, and for a model past
-    protobuf's limit (the copies would cost its weights twice more)."""
-    if not does_not_load(err) or not _holds_bfloat16(original) or (weights is not None and weights.large):
+    """Float32 copies of both models (and the feeds) where onnxruntime refused a half-precision original for want
+    of kernels — its CPU provider runs few bfloat16 ops and not every float16 one, the GPUs that run such models
+    do. The copies keep what the masks' fills mean, and only the rounding is the kernel's. None for any other
+    failure, for a model without half-precision values, and for a model past protobuf's limit (the copies would
+    cost its weights twice more)."""
+    if not does_not_load(err) or not _holds_half(original) or (weights is not None and weights.large):
         return None
     wide_original, wide_fused = widened_copies(original, fused, weights)
     return wide_original, wide_fused, validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
@@ -50,18 +54,21 @@ def widened_copies(
     return wide
 
 
-def _holds_bfloat16(model: onnx.ModelProto) -> bool:
+def _holds_half(model: onnx.ModelProto) -> bool:
     graph = model.graph
     infos = [*graph.input, *graph.output, *graph.value_info]
-    return any(v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 for v in infos) or any(
-        t.data_type == onnx.TensorProto.BFLOAT16 for t in graph.initializer
+    return any(v.type.tensor_type.elem_type in HALF_TYPES for v in infos) or any(
+        t.data_type in HALF_TYPES for t in graph.initializer
     )
 
 
 def does_not_load(err: Exception) -> bool:
-    """onnxruntime refused the graph when making the session (an op it has no kernel for, an invalid graph),
-    not the inputs when running it."""
+    """onnxruntime refused the graph when making the session (an op it has no kernel for, an invalid graph) or a
+    kernel refused the element type when running it (onnxruntime's CPU ScatterND adds no float16), not the
+    inputs."""
     text = str(err)
-    return any(
-        sign in text for sign in ("Load model", "NOT_IMPLEMENTED", "INVALID_GRAPH", "Could not find an implementation")
-    )
+    return any(sign in text for sign in _KERNEL_REFUSALS)
+
+
+_KERNEL_REFUSALS = ("Load model", "NOT_IMPLEMENTED", "INVALID_GRAPH", "Could not find an implementation",
+                    "data type is not supported")  # fmt: skip

@@ -63,14 +63,15 @@ def judge(
     weights: protos.DetachedWeights | None,
     budget: int | None = None,
     *,
-    bfloat16_copies: bool = False,
+    half_copies: bool = False,
 ) -> Verdict:
     """Compare graph outputs and every fused region's own output (``report`` says which were fused); the
     verdict says what to roll back. No run may hold more than ``budget`` bytes (estimated before it runs).
-    ``bfloat16_copies``: the models are float32 copies of a bfloat16 one, its graph outputs held to its precision
+    ``half_copies``: the models are float32 copies of a half-precision one onnxruntime's CPU cannot run, its graph
+    outputs held to its precision
     (:func:`egfuse.validation.compare_runs.compared_outputs`)."""
     with runner.kept_sessions():
-        return _judge(original, fused, report, feeds, weights, budget, bfloat16_copies)
+        return _judge(original, fused, report, feeds, weights, budget, half_copies)
 
 
 def _judge(
@@ -80,7 +81,7 @@ def _judge(
     feeds: dict | None,
     weights: protos.DetachedWeights | None,
     budget: int | None,
-    bfloat16_copies: bool = False,
+    half_copies: bool = False,
 ) -> Verdict:
     entries = fused_entries(report)
     names = [r.output for r in entries.values() if r.output]
@@ -94,7 +95,7 @@ def _judge(
         if copies is None:
             return _original_does_not_run(entries, feeds, err)
         wide_original, wide_fused, wide_feeds = copies
-        verdict = judge(wide_original, wide_fused, report, wide_feeds, None, budget, bfloat16_copies=True)
+        verdict = judge(wide_original, wide_fused, report, wide_feeds, None, budget, half_copies=True)
         verdict.notes.insert(0, FLOAT32_COPIES_NOTE)
         return verdict
     try:
@@ -104,7 +105,7 @@ def _judge(
         return Verdict(failing, False, f"the fused model does not run on onnxruntime: {short(err)}")
     outputs = [o.name for o in original.graph.output]
     regions, cmps = compared_outputs(
-        original, data, expected, actual, names, entries, outputs, weights, budget, outputs_of_half=bfloat16_copies
+        original, data, expected, actual, names, entries, outputs, weights, budget, outputs_of_half=half_copies
     )
     failing: dict[RegionKey, tuple[str, float]] = {}
     diffs = {key: cmp.max_abs_diff for key, cmp in regions.items()}
@@ -114,9 +115,7 @@ def _judge(
     # Generated feeds: the masks exercised too (the user's feeds are what the model runs on). A model past
     # protobuf's limit is run once: each further run of a multi-GB model costs its size again.
     if feeds is None and (weights is None or not weights.large):
-        _judge_mask_feeds(
-            original, fused, data, names, outputs, entries, weights, budget, failing, cmps, bfloat16_copies
-        )
+        _judge_mask_feeds(original, fused, data, names, outputs, entries, weights, budget, failing, cmps, half_copies)
     for key, why in fill_reach.reached(original, data, entries, weights).items():
         failing.setdefault(key, why)
     return _verdict(entries, cmps, failing, diffs)
@@ -171,7 +170,7 @@ def _judge_mask_feeds(
     budget: int | None,
     failing: dict[RegionKey, tuple[str, float]],
     cmps: list[validate.Comparison],
-    bfloat16_copies: bool = False,
+    half_copies: bool = False,
 ) -> None:
     """Both models on each mask-exercising feed set made from ``data``: a region failing there is added to
     ``failing`` (unless already there), the graph outputs' comparisons to ``cmps``."""
@@ -182,7 +181,7 @@ def _judge_mask_feeds(
         copies = not inputs.is_redraw(label)
         more = compare_on(
             original, fused, masked, names, outputs, entries, weights, True, budget, float32_copies=copies,
-            outputs_of_half=bfloat16_copies,
+            outputs_of_half=half_copies,
         )  # fmt: skip
         if more is None:
             continue  # the original does not run on these: they say nothing

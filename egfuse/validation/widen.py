@@ -69,8 +69,7 @@ def upcast(model: onnx.ModelProto, *, to: int = onnx.TensorProto.FLOAT, fills: b
     wide.CopyFrom(model)
     graph = wide.graph
     for info in [*graph.input, *graph.output, *graph.value_info]:
-        if info.type.tensor_type.elem_type in narrow:
-            info.type.tensor_type.elem_type = to
+        _widen_type(info.type, narrow, to)
 
     cast_down = _cast_to_half(model) if fills else {}
 
@@ -131,6 +130,17 @@ _CONSTANTS = ("Constant", "ConstantOfShape")
 def _small(tensor: onnx.TensorProto) -> bool:
     external = tensor.data_location == onnx.TensorProto.EXTERNAL
     return not external and int(np.prod(tensor.dims, dtype=np.int64)) <= FILL_SCAN_LIMIT
+
+
+def _widen_type(proto: onnx.TypeProto, narrow: set[int] | frozenset[int], to: int) -> None:
+    """A value's type widened, inside a sequence or an optional too (a ``SplitToSequence`` of float16 tensors)."""
+    kind = proto.WhichOneof("value")
+    if kind == "tensor_type" and proto.tensor_type.elem_type in narrow:
+        proto.tensor_type.elem_type = to
+    elif kind == "sequence_type":
+        _widen_type(proto.sequence_type.elem_type, narrow, to)
+    elif kind == "optional_type":
+        _widen_type(proto.optional_type.elem_type, narrow, to)
 
 
 FILL_SCAN_LIMIT = 4096

@@ -12,7 +12,7 @@ import pytest
 
 import egfuse
 from egfuse.testing import Variant, attention_model, disagreements, feeds_for
-from egfuse.validation import validate
+from egfuse.validation import judge, validate
 
 from ..conftest import one_target_fast
 
@@ -407,3 +407,63 @@ def test_a_float32_fill_cast_to_half_precision_is_a_fill(target: str):
     for fault in ("fully masked rows changed", "mask dropped", "padding side flipped"):
         outcome = mutations.trial(original, result, mutations.FAULTS[fault])
         assert outcome is not None and outcome["caught"], (fault, outcome)
+
+
+def _with_scatter_add(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its output passed through a ScatterND that adds (row 0 added to itself): onnxruntime's CPU
+    has no float16 kernel for it and refuses the model when it runs (JetMoE's float16 export: its experts)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph, make = out.graph, onnx.helper.make_node
+    name = graph.output[0].name
+    graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array([[0]], np.int64), "row0"),
+        onnx.numpy_helper.from_array(np.array([0], np.int64), "start0"),
+        onnx.numpy_helper.from_array(np.array([1], np.int64), "end1"),
+    ])  # fmt: skip
+    for node in graph.node:
+        node.output[:] = [f"{o}_inner" if o == name else o for o in node.output]
+    graph.node.extend([
+        make("Slice", [f"{name}_inner", "start0", "end1", "start0"], ["first_row"]),
+        make("ScatterND", [f"{name}_inner", "row0", "first_row"], [name], reduction="add"),
+    ])  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_a_float16_model_the_cpu_cannot_run_is_validated_on_float32_copies(target: str):
+    """A float16 model with an op onnxruntime's CPU has no float16 kernel for is judged on float32 copies, as a
+    bfloat16 one is (it was left unvalidated: "the original does not run on generated inputs"); a fault is
+    still caught there."""
+    original = _with_scatter_add(attention_model(Variant(heads=2, dtype="float16", symbolic=False)))
+    with pytest.raises(Exception, match="data type is not supported"):
+        validate.run(original, feeds_for(original, seed=1))
+    result = egfuse.fuse(original, target=target)
+    report = result.report
+    assert report.validated is True and report.fused == 1, str(report)
+    assert judge.FLOAT32_COPIES_NOTE in report.notes, report.notes
+    feeds = validate.upcast_feeds(feeds_for(original, seed=4, left_padding=True), fills=True)
+    wide = [validate.upcast(m, fills=True) for m in (original, result.model)]
+    assert not disagreements(*wide, feeds)
+    for fault in ("mask dropped", "scale doubled", "K and V swapped"):
+        outcome = mutations.trial(original, result, mutations.FAULTS[fault])
+        assert outcome is not None and outcome["caught"], (fault, outcome)
+
+
+def test_float32_copies_widen_sequences_of_half_tensors():
+    """A value typed as a sequence of float16 tensors (JetMoE's SplitToSequence) is a sequence of float32 ones in
+    the copy; left as it was, onnxruntime refuses the copy (a type error) and the model goes unvalidated."""
+    make, half = onnx.helper.make_node, onnx.TensorProto.FLOAT16
+    graph = onnx.helper.make_graph(
+        [make("SplitToSequence", ["x"], ["parts"], axis=0, keepdims=1),
+         make("ConcatFromSequence", ["parts"], ["y"], axis=0)],
+        "sequences",
+        [onnx.helper.make_tensor_value_info("x", half, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", half, [2, 3])],
+        value_info=[onnx.helper.make_tensor_sequence_value_info("parts", half, [1, 3])],
+    )  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    wide = validate.upcast(model, fills=True)
+    assert wide.graph.value_info[0].type.sequence_type.elem_type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(validate.run(wide, {"x": x})["y"], x)
