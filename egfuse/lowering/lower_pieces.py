@@ -127,6 +127,8 @@ class PieceTerms(TermWriter):
                 self.table.cuts.setdefault(str(at), bound)
                 self.table.commands.append(f"(union {piece} {cut})")
             return piece
+        if start.static == 0 and to_end:  # 0 to the end of an axis of unknown length: the whole tensor (dynamo
+            return arg  # writes ``x[None, None, :, :]`` so; RoFormer's sinusoidal table, sliced whole twice)
         if axis != -1:  # rows cut at a length the graph computes (a cos table cut at the sequence length)
             return self._call("sliced", arg, str(axis)) if int(steps.reshape(-1)[0]) == 1 else None
         if start == Dim(0) and end.static is None:

@@ -289,3 +289,34 @@ def test_a_constant_with_equal_pairs_everywhere_is_no_table():
     assert not summarize(np.zeros((4, 8), np.float32)).pairs_repeat
     assert not summarize(np.arange(8, dtype=np.float32).reshape(2, 4)).pairs_repeat
     assert not summarize(np.repeat(np.arange(3, dtype=np.int64), 2)[None]).pairs_repeat  # not a float table
+
+
+def _sliced_whole_after_the_heads_axis(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each unsqueezed table read through ``t[:, :, 0:MAX, :]`` — the whole sequence axis, whose
+    length is symbolic — as dynamo writes ``sinusoidal_pos[None, None, :, :]`` (RoFormer)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph, make = out.graph, onnx.helper.make_node
+    tables = [n.output[0] for n in graph.node if n.op_type == "Unsqueeze" and n.output[0] in
+              {i for m in graph.node if m.op_type == "Mul" for i in m.input}]  # fmt: skip
+    graph.initializer.extend([onnx.numpy_helper.from_array(np.array([v], np.int64), name)
+                              for name, v in (("from0", 0), ("to_end", 2**63 - 1), ("axis2", 2))])  # fmt: skip
+    for node in graph.node:
+        node.input[:] = [f"{i}_whole" if i in tables and node.op_type == "Mul" else i for i in node.input]
+    graph.node.extend(make("Slice", [t, "from0", "to_end", "axis2"], [f"{t}_whole"]) for t in tables)
+    return out
+
+
+@pytest.mark.parametrize("target", fast_on("onnx"))
+def test_a_table_sliced_whole_along_a_symbolic_axis_is_the_table(target):
+    """``x[:, :, 0:MAX]`` along an axis of unknown length is ``x``: once it was an opaque cut (``sliced``) taken after
+    the heads axis was added, which no rule carries the new axis out of — RoFormer's rotations stayed ("the sin
+    table is not unsqueezed at x's heads axis")."""
+    model = _sliced_whole_after_the_heads_axis(attention_model(ROPE))
+    feeds = feeds_for(model)
+    result = egfuse.fuse(model, target=target, feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert [r.status.value for r in result.report.rotary] == ["fused", "fused"], str(result.report)
+    assert len(_rotary_ops(result.model)) == 2
+    assert_same_outputs(model, result.model, feeds)
+    assert_same_outputs(model, result.model, feeds_for(model, seed=3, batch=3, seq=5))
