@@ -51,7 +51,9 @@ class LayoutTerms(GroupTerms):
     def _einsum(self, node: ir.Node, args: list[str | None]) -> str | None:
         """A two-operand Einsum that is a (batched) MatMul, written with transposes and reshape meanings."""
         equation = node.attributes["equation"].value.replace(" ", "")
-        if "..." in equation or "->" not in equation:
+        if "..." in equation:
+            equation = self._ellipsis_named(equation, node)
+        if equation is None or "->" not in equation:
             return None
         lhs, out = equation.split("->")
         terms = lhs.split(",")
@@ -91,6 +93,24 @@ class LayoutTerms(GroupTerms):
         else:
             return None
         return self._permuted(result, "".join(order), list(out))
+
+    def _ellipsis_named(self, equation: str, node: ir.Node) -> str | None:
+        """``...`` as the leading axes it stands for, each given a letter of its own (``...qhd,...khd->...hqk`` of
+        two rank-5 operands is ``ABqhd,ABkhd->ABhqk``: LongT5's blocks): the same number in both operands, never
+        broadcast between them, and kept leading in the output. None where the ranks do not say how many."""
+        if "->" not in equation:
+            return None
+        lhs, out = equation.split("->")
+        terms = lhs.split(",")
+        ranks = [self.facts.rank(v) if v is not None else None for v in node.inputs]
+        if len(terms) != 2 or None in ranks or not all(t.startswith("...") for t in (*terms, out)):
+            return None
+        counts = {rank - (len(term) - 3) for term, rank in zip(terms, ranks, strict=True)}
+        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in equation]
+        if len(counts) != 1 or (count := counts.pop()) < 0 or count > len(free):
+            return None
+        lead = "".join(free[:count])
+        return equation.replace("...", lead)
 
     def _permuted(self, term: str, have: str, want: list[str]) -> str:
         perm = [have.index(c) for c in want]

@@ -144,3 +144,45 @@ def test_a_mask_per_batch_row_is_not_tiled():
     result = egfuse.fuse(model, target="onnx", feeds=feeds)
     assert "Tile" not in {n.op_type for n in result.model.graph.node}
     assert not disagreements(model, result.model, feeds)
+
+
+def _blocked(mask: str) -> onnx.ModelProto:
+    """LongT5's local attention, without its neighbouring blocks: Q, K and V (B, W, S, N, H) — the sequence cut
+    into W blocks of S — read by two Einsums with an ellipsis over (B, W), K as (…, H, T) for the scores, and
+    ``mask``: "per block" a (B, W, 1, S, S) mask of each block's keys, "shared" a (1, 1, N, S, S) bias every
+    block adds, "both" their sum as LongT5 adds it."""
+    nodes = [helper.make_node("Einsum", ["q", "k"], ["qk"], equation="...qhd,...khd->...hqk")]
+    if mask == "both":
+        nodes.append(helper.make_node("Add", ["bias", "block_mask"], ["m"]))
+    term = {"per block": "block_mask", "shared": "bias", "both": "m"}[mask]
+    nodes += [
+        helper.make_node("Add", ["qk", term], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("Einsum", ["p", "v"], ["y"], equation="...hqk,...khd->...qhd"),
+    ]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "blocks", S, N, H]) for name in "qkv"]
+    if mask != "shared":
+        inputs.append(helper.make_tensor_value_info("block_mask", TensorProto.FLOAT, ["batch", "blocks", 1, S, S]))
+    rng = np.random.default_rng(1)
+    bias = helper.make_tensor("bias", TensorProto.FLOAT, [1, 1, N, S, S], rng.standard_normal(N * S * S).tolist())
+    graph = helper.make_graph(nodes, "blocked", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [bias] if mask != "per block" else [])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mask", ["per block", "shared", "both"])
+def test_blocked_attention_read_by_einsums_with_an_ellipsis_fuses(mask: str):
+    """An Einsum's ``...`` is the leading axes it stands for; a term added over the same two leading axes, or
+    over two unit ones, is added to the folded scores; a rank-5 transpose keeping the leading axes keeps the
+    batch dim the MatMul's operands compare. Before: "recognition stopped at Einsum"."""
+    model = _blocked(mask)
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal((B, W, S, N, H)).astype(np.float32) for n in "qkv"}
+    if mask != "shared":  # the last block's last two keys masked (padding), with a finite fill
+        block = np.zeros((B, W, 1, S, S), np.float32)
+        block[:, -1, :, :, -2:] = -1e10
+        feeds["block_mask"] = block
+    result = egfuse.fuse(model, target="onnx", feeds=feeds)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert [n.op_type for n in result.model.graph.node].count("Attention") == 1
+    assert not disagreements(model, result.model, feeds)
