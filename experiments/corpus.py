@@ -204,6 +204,15 @@ _glm = _hf(  # interleaved RoPE on half the head, its tables cos[..., :R/2].repe
 _bitnet = _hf(  # an RMS norm on the attention's output itself, before the output projection
     "BitNetConfig", "BitNetModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None}
 )
+_roformer = _hf(  # interleaved rotary tables read from sinusoidal_pos[None, None, :, :]: two whole Slices
+    "RoFormerConfig", "RoFormerModel", _ids, {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+    "num_attention_heads": HEADS, "intermediate_size": INTER, "max_position_embeddings": 64, "embedding_size": HIDDEN},
+)  # fmt: skip
+_longt5_encoder = _hf(  # local attention: the sequence cut into blocks, each reading three blocks' keys (5D Einsums)
+    "LongT5Config", "LongT5EncoderModel", _ids, {"vocab_size": VOCAB, "d_model": HIDDEN, "d_kv": HIDDEN // HEADS,
+    "d_ff": INTER, "num_layers": LAYERS, "num_heads": HEADS, "relative_attention_num_buckets": 8,
+    "encoder_attention_type": "local", **NO_CACHE},
+)  # fmt: skip
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
     "VitDetModel",
@@ -538,6 +547,9 @@ SPECS: dict[str, Spec] = {
         Spec("bitnet_sdpa", _bitnet("sdpa"), LAYERS, ["gqa", "causal", "rope", "sub-norm"], kv_heads=HEADS // 2),
         Spec("vitdet_eager", _vitdet("eager"), LAYERS, ["mha", "windows", "decomposed relative positions"]),
         Spec("sam_vision_sdpa", _sam_vision("sdpa"), LAYERS, ["mha", "windows", "relative positions as a mask"]),
+        Spec("roformer_eager", _roformer("eager"), LAYERS, ["mha", "rope interleaved"], exporters=DYNAMO),
+        Spec("longt5_encoder_eager", _longt5_encoder("eager"), LAYERS, ["mha", "blocks", "position bias"],
+             exporters=DYNAMO),
     ]
 }
 
@@ -603,7 +615,8 @@ SETS = {
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K);
     # GPT-2's tanh GELU, whose constants bfloat16 rounds (√(2/π) is 0.796875 there)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
-    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa"],
+    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa", "roformer_eager",
+                 "longt5_encoder_eager"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

@@ -38,7 +38,7 @@ class RotaryRegion(Region):
 
 
 _TABLE_OPS = frozenset({"Unsqueeze", "Cos", "Sin", "Cast", "Concat", "Gather", "Mul", "Div", "Identity", "Neg", "Slice",
-                        "GatherND", "Transpose",
+                        "GatherND", "Transpose", "Split",  # (a sinusoidal table split into its sin and cos: RoFormer)
                         "Expand", "Tile", "Reshape"})  # fmt: skip
 """Ops a cos/sin table is computed with, after its angles: walked back from the products that read it."""
 _MAX_TABLE_DEPTH = 8

@@ -19,6 +19,13 @@ original on the export's own feeds.
 - segment-anything's vision encoder (SDPA, its relative positions as the mask, the output viewed as (B, N, h, w, H)):
   on npu, written at the attention's own output, the tail's end was rewritten too and the op's output, no
   longer read, was dropped; validation, asking for it, rolled both blocks back. The tail stays the graph's now.
+- RoFormer (interleaved rotary tables read from ``sinusoidal_pos[None, None, :, :]``, split into sin and cos): the
+  rotations were kept ("the sin table is not unsqueezed at x's heads axis") until a Slice from 0 to the end of an
+  axis of unknown length was read as the tensor itself, and a Split of the table counted among the table's ops.
+- LongT5's encoder (local attention: the sequence padded and cut into blocks, each query block reading three
+  blocks' keys through ``...qhd,...khd->...hqk`` Einsums, a mask and a position bias per block): nothing fused
+  ("recognition stopped at Einsum") until an Einsum's ellipsis was read as the leading axes it stands for and the
+  blocked attention folded into the batch (``rules/windows.py``).
 
 Beyond the blocks, every norm, activation and rotation found fuses on ort and onnx.
 """
