@@ -126,12 +126,21 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
     output = add.outputs[0]
     source = slices[0].inputs[0].producer() if slices else None
     putback = single_consumer(output)
-    if source is not None and source.op_type == "Slice" and putback is not None and putback.op_type == "Concat":
+    if source is not None and source.op_type == "Slice" and _on_features(putback, facts):
         around |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
         output = putback.outputs[0]
     cos_term = mul_cos.outputs[0] if mul_cos is not None else None
     values = RotationValues(rotated, mul_sin.outputs[0], cos_term, add.outputs[0], output)
     return values, {n for n in around if n is not None}
+
+
+def _on_features(concat: ir.Node | None, facts: GraphFacts) -> bool:
+    """A Concat along the last axis: a partial rotation's features put back. One along the sequence (timm's EVA
+    rotates the patch tokens and puts the class token back in front) is the graph's own, after the rotation."""
+    if concat is None or concat.op_type != "Concat" or "axis" not in concat.attributes:
+        return False
+    rank, axis = facts.rank(concat.outputs[0]), int(concat.attributes["axis"].value)
+    return axis == -1 or (rank is not None and axis == rank - 1)
 
 
 def _cast_of(value: ir.Value, sources: set[ir.Value]) -> bool:

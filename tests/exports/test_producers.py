@@ -80,14 +80,18 @@ def test_every_block_fuses_and_matches(producer: Path, entry: dict, target: str)
     assert_same_outputs(onnx.load(path), result.model, feeds)
 
 
-@pytest.mark.parametrize("export", ["eva_eager.torchscript.onnx", "eva_fused.torchscript.onnx"])
+@pytest.mark.parametrize("export", ["eva_eager.torchscript.onnx", "eva_fused.torchscript.onnx",
+                                    "eva_eager.dynamo.onnx", "eva_fused.dynamo.onnx"])  # fmt: skip
 def test_evas_side_by_side_tables_are_its_rotations_tables(export):
     """timm's EVA stores sin and cos side by side in one (S, 2R) buffer, each repeat_interleave'd, splits it, and
     multiplies the (B, N, S, R) query and key by the (S, R) pieces with no Unsqueeze: the pieces of a constant
     are constants whose entries repeat in pairs, an even piece of interleaved pairs is the interleave of the
     pieces half as wide, and an (S, R) table broadcasts as the table with the heads axis added — so the op
     reads them (unsqueezed to (1, S, R/2) and expanded to the batch). Before, every rotation stayed: "the sin
-    table is not repeat_interleave(t, 2)"."""
+    table is not repeat_interleave(t, 2)". The dynamo exports rotate the patch tokens only, a Slice of the
+    sequence axis, and concatenate the class token back in front: that Concat is the graph's, after the
+    rotation, not a partial rotation's features put back (which it was read as: "the rotated part is not
+    concatenated back with x[..., R:]")."""
     path = DATA / "producers" / "timm" / export
     if not path.exists():
         pytest.skip(f"{path.name} is not in this checkout")
