@@ -96,8 +96,9 @@ class LayoutTerms(GroupTerms):
 
     def _ellipsis_named(self, equation: str, node: ir.Node) -> str | None:
         """``...`` as the leading axes it stands for, each given a letter of its own (``...qhd,...khd->...hqk`` of
-        two rank-5 operands is ``ABqhd,ABkhd->ABhqk``: LongT5's blocks): the same number in both operands, never
-        broadcast between them, and kept leading in the output. None where the ranks do not say how many."""
+        two rank-5 operands is ``ABqhd,ABkhd->ABhqk``: LongT5's blocks): as many in both operands (where their sizes
+        differ they broadcast as MatMul's batch axes do), and leading in the output. None where the ranks do not
+        say how many."""
         if "->" not in equation:
             return None
         lhs, out = equation.split("->")

@@ -68,8 +68,7 @@ def judge(
     """Compare graph outputs and every fused region's own output (``report`` says which were fused); the
     verdict says what to roll back. No run may hold more than ``budget`` bytes (estimated before it runs).
     ``half_copies``: the models are float32 copies of a half-precision one onnxruntime's CPU cannot run, its graph
-    outputs held to its precision
-    (:func:`egfuse.validation.compare_runs.compared_outputs`)."""
+    outputs held to its precision (:func:`egfuse.validation.compare_runs.compared_outputs`)."""
     with runner.kept_sessions():
         return _judge(original, fused, report, feeds, weights, budget, half_copies)
 
