@@ -548,8 +548,13 @@ SPECS: dict[str, Spec] = {
         Spec("vitdet_eager", _vitdet("eager"), LAYERS, ["mha", "windows", "decomposed relative positions"]),
         Spec("sam_vision_sdpa", _sam_vision("sdpa"), LAYERS, ["mha", "windows", "relative positions as a mask"]),
         Spec("roformer_eager", _roformer("eager"), LAYERS, ["mha", "rope interleaved"], exporters=DYNAMO),
-        Spec("longt5_encoder_eager", _longt5_encoder("eager"), LAYERS, ["mha", "blocks", "position bias"],
-             exporters=DYNAMO),
+        Spec(
+            "longt5_encoder_eager",
+            _longt5_encoder("eager"),
+            LAYERS,
+            ["mha", "blocks", "position bias"],
+            exporters=DYNAMO,
+        ),
     ]
 }
 
@@ -615,8 +620,15 @@ SETS = {
     ],  # MPT: scores upcast before a float32 ALiBi bias and select; a bfloat16 decode step (√s on Q and K);
     # GPT-2's tanh GELU, whose constants bfloat16 rounds (√(2/π) is 0.796875 there)
     # architectures that broke egfuse on a model it had not seen (tests/exports/test_held_out.py)
-    "held_out": ["mpt_eager", "glm_sdpa", "bitnet_sdpa", "vitdet_eager", "sam_vision_sdpa", "roformer_eager",
-                 "longt5_encoder_eager"],
+    "held_out": [
+        "mpt_eager",
+        "glm_sdpa",
+        "bitnet_sdpa",
+        "vitdet_eager",
+        "sam_vision_sdpa",
+        "roformer_eager",
+        "longt5_encoder_eager",
+    ],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }
