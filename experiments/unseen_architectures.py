@@ -233,7 +233,15 @@ def markdown(rows: dict, failed: dict, seconds: float, dtype: str = "float32") -
         if "error" in entry:
             return "error"
         a, la, r = entry["attention"], entry["layer_ops"], entry["rotary"]
-        return f"{a[0]}/{a[1]} · {la[0]}/{la[1]} · {r[0]}/{r[1]}" + ("" if entry["validated"] else " (not validated)")
+        text = f"{a[0]}/{a[1]} · {la[0]}/{la[1]} · {r[0]}/{r[1]}"
+        if entry["validated"]:
+            return text
+        unchanged = (
+            entry["validated"] is None
+            and not (a[0] or la[0] or r[0])
+            and not any("not validated" in reason or "rolled back" in reason for reason in entry.get("kept", []))
+        )  # nothing fused by choice (kept as cheaper): nothing to validate
+        return text + (" (unchanged)" if unchanged else " (not validated)")
 
     lines = [
         "# Architectures egfuse was never developed on" + ("" if dtype == "float32" else f", in {dtype}"),
