@@ -49,6 +49,8 @@ def needs_standard_opset(prepared: onnx.ModelProto, fused: onnx.ModelProto) -> b
     return any(n.op_type in standard and n.domain in ("", "ai.onnx") for n in fused.graph.node)
 
 
+SOFTMAX_LAST_AXIS_OPSET = 13
+"""Below it Softmax flattens from its axis on; from it, the axis alone (the converter's adapter between them)."""
 _STANDARD_OPS = frozenset({"Attention", "RotaryEmbedding", "RMSNormalization"})
 """The default-domain ops egfuse writes that need opset 23."""
 GELU_OPSET = 20
@@ -88,6 +90,11 @@ def _to_standard_opset(proto: onnx.ModelProto) -> tuple[onnx.ModelProto | None, 
     if only_renumbered(proto, default_opset(proto), STANDARD_ATTENTION_OPSET):
         return _renumbered(proto), ""
     bare = without_node_metadata(proto)
+    if default_opset(proto) < SOFTMAX_LAST_AXIS_OPSET:
+        # The softmax family's adapter reads its input's rank: without shapes it cannot tell that axis 3 of a
+        # rank-4 input is the last, and wraps the op in Flatten/Reshape, which hides the attention from the rules
+        # (TorchScript's opset-11 exports had none fused on ort and onnx).
+        bare = infer_shapes(bare)
     try:
         converted = onnx.version_converter.convert_version(bare, STANDARD_ATTENTION_OPSET)
     except Exception as err:  # the converter raises bare RuntimeErrors with C++ text: its last line says why

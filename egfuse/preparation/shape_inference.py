@@ -27,6 +27,7 @@ def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
     inferred = _inferred(probe, rounds, stand_ins)
     if inferred is probe:  # inference refused the graph at once: the model as it came
         return proto
+    inferred = _filled_at_newer_opset(inferred, rounds, stand_ins)
     if len(inferred.graph.node) != len(proto.graph.node):  # never seen; the plain way, to be safe
         return _inferred(proto, rounds, frozenset())
     result = onnx.ModelProto()
@@ -80,6 +81,38 @@ def _for_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, frozenset[s
     probe.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in large
                              if t.name not in inputs)  # fmt: skip
     return probe, stand_ins
+
+
+NEWER_OPSET = 18
+"""Where an older model's shapes are looked up when inference at its own opset leaves some unknown."""
+
+
+def _filled_at_newer_opset(probe: onnx.ModelProto, rounds: int, stand_ins: frozenset[str]) -> onnx.ModelProto:
+    """``probe`` with the shapes inference left unknown at its own opset taken from a copy converted to
+    :data:`NEWER_OPSET`, where known there. onnx's data propagation does not run through the shape arithmetic of
+    older opsets (``Unsqueeze`` with its axes an input, opset 13: torch's ``view(B, S, N, H)``), so a TorchScript
+    export at opset 11-13 had every Reshape's output unknown, and no attention recognised; converted, the same
+    values get their shapes. Conversion keeps every value's name and meaning (an adapter adds nodes of its own,
+    never renames one), so a shape found there is the value's own; the model itself keeps its opset."""
+    opset = next((e.version for e in probe.opset_import if e.domain in ("", "ai.onnx")), NEWER_OPSET)
+    if opset >= NEWER_OPSET:
+        return probe
+    shaped = {v.name for v in [*probe.graph.value_info, *probe.graph.input] if v.type.tensor_type.HasField("shape")}
+    missing = {o for node in probe.graph.node for o in node.output if o and o not in shaped}
+    if not missing:
+        return probe
+    try:
+        newer = onnx.version_converter.convert_version(probe, NEWER_OPSET)
+    except Exception:  # the converter refuses some graphs: the shapes known stay what they were
+        return probe
+    newer = _inferred(newer, rounds, stand_ins)
+    found = [v for v in newer.graph.value_info if v.name in missing and v.type.tensor_type.HasField("shape")]
+    if found:
+        kept = {v.name for v in found}
+        infos = [v for v in probe.graph.value_info if v.name not in kept]
+        del probe.graph.value_info[:]
+        probe.graph.value_info.extend([*infos, *found])
+    return probe
 
 
 def _inferred(proto: onnx.ModelProto, rounds: int, stand_ins: frozenset[str]) -> onnx.ModelProto:
