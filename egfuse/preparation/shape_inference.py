@@ -13,7 +13,7 @@ import onnx
 from egfuse.analysis.facts import SAME_SHAPE
 from egfuse.files.protos import tensor_bytes
 
-__all__ = ["infer_shapes", "without_node_metadata"]
+__all__ = ["filled_at_newer_opset", "infer_shapes", "without_node_metadata"]
 
 WEIGHT_BYTES = 1 << 16
 """Initializers of this size or more go to inference as typed graph inputs: never a shape tensor."""
@@ -27,7 +27,7 @@ def infer_shapes(proto: onnx.ModelProto, rounds: int = 3) -> onnx.ModelProto:
     inferred = _inferred(probe, rounds, stand_ins)
     if inferred is probe:  # inference refused the graph at once: the model as it came
         return proto
-    inferred = _filled_at_newer_opset(inferred, rounds, stand_ins)
+    inferred = filled_at_newer_opset(inferred, rounds, stand_ins)
     if len(inferred.graph.node) != len(proto.graph.node):  # never seen; the plain way, to be safe
         return _inferred(proto, rounds, frozenset())
     result = onnx.ModelProto()
@@ -87,7 +87,9 @@ NEWER_OPSET = 18
 """Where an older model's shapes are looked up when inference at its own opset leaves some unknown."""
 
 
-def _filled_at_newer_opset(probe: onnx.ModelProto, rounds: int, stand_ins: frozenset[str]) -> onnx.ModelProto:
+def filled_at_newer_opset(
+    probe: onnx.ModelProto, rounds: int = 3, stand_ins: frozenset[str] = frozenset()
+) -> onnx.ModelProto:
     """``probe`` with the shapes inference left unknown at its own opset taken from a copy converted to
     :data:`NEWER_OPSET`, where known there. onnx's data propagation does not run through the shape arithmetic of
     older opsets (``Unsqueeze`` with its axes an input, opset 13: torch's ``view(B, S, N, H)``), so a TorchScript

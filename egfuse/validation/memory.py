@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from egfuse.files import protos
+from egfuse.preparation.shape_inference import filled_at_newer_opset
 
 DEFAULT_BUDGET_BYTES = 4 << 30
 """4 GiB: what validation may hold, unless the caller says otherwise."""
@@ -73,9 +74,12 @@ def _shapes_under(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.
     """A copy of the graph without its large weights, its inputs fixed to the feeds' shapes, shapes inferred."""
     probe = protos.inference_probe(model, {name: np.shape(value) for name, value in feeds.items()})
     try:
-        return onnx.shape_inference.infer_shapes(probe, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
     except Exception:  # an estimate from what is known: the graph as it is
         return probe
+    # An older opset's shape arithmetic leaves onnx's data propagation behind (a TorchScript export at opset 13:
+    # every Reshape's output unknown, so a (B, N, S, S) score tensor counted nothing): read it off a newer copy.
+    return filled_at_newer_opset(inferred)
 
 
 def _bytes(info: onnx.ValueInfoProto) -> int:
