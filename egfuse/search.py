@@ -33,7 +33,7 @@ from egfuse.preparation.prepare import functions_at_model_opset
 from egfuse.preparation.sequences import concat_sequences, split_sequence_items
 from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.repeats import NotRenamed, find_repeats
-from egfuse.report import RegionKey, Report
+from egfuse.report import RegionKey, Report, Status
 from egfuse.rules import ruleset_for
 from egfuse.targets.spec import TargetSpec
 from egfuse.validation.memory import DEFAULT_BUDGET_BYTES
@@ -246,8 +246,35 @@ def _cleaned(model: ir.Model, facts: GraphFacts, opsets: set[tuple[str, int]], r
             model.opset_imports[domain] = version
     report.stats["shape_reads_rewritten"] = rewrite_dead_shape_reads(model.graph, facts, opset)
     ir_passes.RemoveUnusedNodesPass()(model)
+    named = _fused_outputs(model.graph, report)
     ir_passes.CommonSubexpressionEliminationPass()(model)
+    _keep_names(model.graph, named)
     ir_passes.TopologicalSortPass()(model)
+
+
+def _fused_outputs(graph: ir.Graph, report: Report) -> dict[ir.Value, tuple[str, list[ir.Usage]]]:
+    """The values fused regions' outputs are named by (what validation asks for by name): name and uses."""
+    wanted = {entry.output for entry in report.entries() if entry.status == Status.FUSED and entry.output}
+    return {value: (value.name, list(value.uses())) for node in graph for value in node.outputs
+            if value.name in wanted}  # fmt: skip
+
+
+def _keep_names(graph: ir.Graph, named: dict[ir.Value, tuple[str, list[ir.Usage]]]) -> None:
+    """A fused region's output that common-subexpression elimination merged into another's (two norms of one
+    input with equal weights: GPT-NeoX's parallel residual at random init, where the exporter stores one copy of
+    the equal weights) is named again, by an Identity of the value its readers read now — or of itself, where
+    the merge gave it a graph output's name: validation compares every fused region by its output's name, and
+    a name gone made the whole fused model "fail to run"."""
+    for value, (name, uses) in named.items():
+        producer = value.producer()
+        if producer is not None and producer.graph is graph:
+            survivor = value  # kept, but maybe renamed after a graph output it now stands for
+        else:
+            survivor = next((use.node.inputs[use.idx] for use in uses if use.node.graph is graph), None)
+        if survivor is None or survivor.name == name:
+            continue
+        kept = ir.Value(name=name, type=survivor.type, shape=survivor.shape)
+        graph.append(ir.node("Identity", [survivor], outputs=[kept]))
 
 
 def _reinferred(model: ir.Model, weights: protos.DetachedWeights | None) -> ir.Model:

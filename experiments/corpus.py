@@ -185,6 +185,10 @@ LLAMA_SIZES = {  # Llama and Gemma 2: grouped K/V heads (two query heads per K/V
 }  # fmt: skip
 _gpt2 = _hf("GPT2Config", "GPT2Model", _ids, {**GPT2_SIZES, **NO_CACHE})
 _llama = _hf("LlamaConfig", "LlamaModel", _ids, {**LLAMA_SIZES, **NO_CACHE})
+_gpt_neox = _hf(  # parallel residual: two norms of one input (equal weights at random init, stored once)
+    "GPTNeoXConfig", "GPTNeoXModel", _ids, {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER,
+    "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "max_position_embeddings": 64, **NO_CACHE},
+)  # fmt: skip
 _mpt = _hf(  # ALiBi bias, one packed QKV projection split by Slices whose ends are computed from Shape
     "MptConfig",
     "MptModel",
@@ -550,6 +554,13 @@ SPECS: dict[str, Spec] = {
         Spec("sam_vision_sdpa", _sam_vision("sdpa"), LAYERS, ["mha", "windows", "relative positions as a mask"]),
         Spec("roformer_eager", _roformer("eager"), LAYERS, ["mha", "rope interleaved"], exporters=DYNAMO),
         Spec(
+            "gpt_neox_eager",
+            _gpt_neox("eager"),
+            LAYERS,
+            ["mha", "causal", "rope partial", "parallel residual"],
+            exporters=(),
+        ),  # fmt: skip  (exported only at an old opset: the old_opsets set)
+        Spec(
             "longt5_encoder_eager",
             _longt5_encoder("eager"),
             LAYERS,
@@ -635,7 +646,8 @@ SETS = {
     # arithmetic (tests/exports/test_old_opsets.py)
     "old_opsets": [
         f"{name}:torchscript-opset{opset}" for name in ("bert_eager", "gpt2_eager", "llama_eager") for opset in (11, 13)
-    ],
+    ]
+    + ["gpt_neox_eager:torchscript-opset13"],
     "all": [name for name in SPECS if not name.endswith(("_fp16", "_bf16"))],  # the float32 corpus the results measure
     "half_all": [name for name in SPECS if name.endswith(("_fp16", "_bf16"))],
 }

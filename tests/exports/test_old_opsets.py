@@ -10,6 +10,11 @@ Two things stood between them and fusion, neither an attention pattern:
   in Flatten/Reshape on the way to opset 23, which hid the attention on the targets that convert (ort, onnx).
   The converter now sees the inferred shapes: axis 3 of a rank-4 input is the last, and stays a plain Softmax.
 Before: ort 28, onnx 30, npu 30 of the 48 blocks of BERT, GPT-2 and Llama at opsets 10-17; after: 48 each.
+
+GPT-NeoX's parallel residual (two LayerNorms of one input) at opset 13, with random weights: the exporter stores
+the two norms' equal weights once, so the fused norms were the same node, which common-subexpression elimination
+merged — and one region's output name, which validation compares it by, was gone: "the fused model failed to
+run", both norms rolled back. A merged region output is named again by an Identity.
 """
 
 from __future__ import annotations
