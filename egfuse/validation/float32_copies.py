@@ -36,7 +36,7 @@ def float32_copies(
     do. The copies keep what the masks' fills mean, and only the rounding is the kernel's. None for any other
     failure, for a model without half-precision values, and for a model past protobuf's limit (the copies would
     cost its weights twice more)."""
-    if not does_not_load(err) or not _holds_half(original) or (weights is not None and weights.large):
+    if not not_the_inputs(err) or not _holds_half(original) or (weights is not None and weights.large):
         return None
     wide_original, wide_fused = widened_copies(original, fused, weights)
     return wide_original, wide_fused, validate.upcast_feeds(feeds, fills=True) if feeds is not None else None
@@ -62,10 +62,10 @@ def _holds_half(model: onnx.ModelProto) -> bool:
     )
 
 
-def does_not_load(err: Exception) -> bool:
+def not_the_inputs(err: Exception) -> bool:
     """onnxruntime refused the graph when making the session (an op it has no kernel for, an invalid graph) or a
-    kernel refused the element type when running it (onnxruntime's CPU ScatterND adds no float16), not the
-    inputs."""
+    kernel refused the element type when running it (onnxruntime's CPU ScatterND adds no float16): no input is at
+    fault."""
     text = str(err)
     return any(sign in text for sign in _KERNEL_REFUSALS)
 

@@ -18,7 +18,7 @@ from egfuse.files import protos
 from egfuse.report import RegionKey, RegionReport, Report, RotaryReport, Status
 from egfuse.validation import fill_reach, inputs, memory, runner, validate
 from egfuse.validation.compare_runs import compare_on, compared_outputs
-from egfuse.validation.float32_copies import FLOAT32_COPIES_NOTE, does_not_load, float32_copies
+from egfuse.validation.float32_copies import FLOAT32_COPIES_NOTE, float32_copies, not_the_inputs
 
 VALIDATION_ROUNDS = 6
 """Rounds of validate → roll back → re-fuse; the last one rolls back everything that still differs."""
@@ -136,11 +136,11 @@ def _original_does_not_run(
 ) -> Verdict:
     """Unproven is not proven: keep the original regions, and say how to give real inputs — or, where no
     input is at fault, that the check can only be skipped."""
-    if does_not_load(err):  # no input is at fault: onnxruntime refuses the graph itself
+    if not_the_inputs(err):  # onnxruntime refuses the graph itself, or a kernel its element type
         note = (
-            f"nothing applied: the original model does not load on this onnxruntime ({short(err)}), so no fused "
-            "region can be proven against it; whatever the inputs, skipping the check (validate=False / "
-            "--no-validate) is the only way to apply one"
+            f"nothing applied: the original model does not load on this onnxruntime, or one of its ops has no kernel "
+            f"for its element type there ({short(err)}), so no fused region can be proven against it; whatever the "
+            "inputs, skipping the check (validate=False / --no-validate) is the only way to apply one"
         )
         reason = "not validated (the original does not load on onnxruntime)"
     elif feeds is not None:  # the user's inputs: they are what the model runs on, so say so plainly

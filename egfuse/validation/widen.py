@@ -102,8 +102,7 @@ def _cast_to_half(model: onnx.ModelProto) -> dict[str, np.dtype]:
     type. An exporter may write a half-precision mask's fill as a float32 constant cast down (torch's
     ``finfo(float16).min`` as float32 −65504, then ``CastLike`` the mask): in the model it is the half type's
     end all the same, and a copy that keeps fills must keep that one too."""
-    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info]}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
+    types = _elem_types(model)
     for node in model.graph.node:
         value = node.attribute[0] if node.op_type in _CONSTANTS and node.output and node.attribute else None
         if value is not None and value.type == onnx.AttributeProto.TENSOR:
@@ -121,6 +120,13 @@ def _cast_to_half(model: onnx.ModelProto) -> dict[str, np.dtype]:
         if target == onnx.TensorProto.FLOAT16:  # (bfloat16 has float32's range: no fill of its own to keep)
             found[node.input[0]] = np.dtype(np.float16)
     return found
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """The element type of each graph input, typed value and initializer, by name."""
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return types
 
 
 _CONSTANTS = ("Constant", "ConstantOfShape")
@@ -243,9 +249,7 @@ _NO_KERNEL = re.compile(
 
 def _in_float32(model: onnx.ModelProto, node_name: str) -> onnx.ModelProto:
     """``model`` with the named node computed in float32: its float64 inputs cast down, its outputs back up."""
-    typed = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in [*typed.graph.value_info, *typed.graph.input]}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
+    types = _elem_types(onnx.shape_inference.infer_shapes(model))
     double = onnx.TensorProto.DOUBLE
     nodes = list(model.graph.node)
     index = next(i for i, n in enumerate(nodes) if n.name == node_name)
