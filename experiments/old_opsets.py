@@ -50,11 +50,11 @@ def fuse_row(path: Path) -> dict:
     return row
 
 
-def markdown(rows: dict, seconds: float, egfuse_version: str) -> str:
+def markdown(rows: dict, seconds: float, fingerprint: str) -> str:
     lines = [
         "# Old opsets (old_opsets)",
         "",
-        f"TorchScript exports of the corpus's models (eager attention) at opsets 10-17, egfuse {egfuse_version}, "
+        f"TorchScript exports of the corpus's models (eager attention) at opsets 10-17, egfuse as of {fingerprint}, "
         f"{seconds:.0f} s. Each cell: attention blocks fused / found · norms, activations and rotations fused / "
         "found (npu keeps rotations, and below opset 17 writes no LayerNormalization).",
         "",
@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     import corpus
-
-    import egfuse
+    from fingerprint import source_fingerprint
 
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -105,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             print(name, opset, {t: rows[f"{name}@{opset}"][t]["attention"] for t in TARGETS}, flush=True)
     seconds = time.perf_counter() - start
     results = HERE / "results"
-    (results / f"{args.name}.json").write_text(json.dumps({"egfuse": egfuse.__version__, "rows": rows}, indent=1))
-    (results / f"{args.name}.md").write_text(markdown(rows, seconds, egfuse.__version__))
+    fingerprint = source_fingerprint()
+    (results / f"{args.name}.json").write_text(json.dumps({"egfuse": fingerprint, "rows": rows}, indent=1))
+    (results / f"{args.name}.md").write_text(markdown(rows, seconds, fingerprint))
     return 0
 
 
