@@ -559,7 +559,7 @@ SPECS: dict[str, Spec] = {
             LAYERS,
             ["mha", "causal", "rope partial", "parallel residual"],
             exporters=(),
-        ),  # fmt: skip  (exported only at an old opset: the old_opsets set)
+        ),  # exported only at an old opset (the old_opsets set)
         Spec(
             "longt5_encoder_eager",
             _longt5_encoder("eager"),
@@ -642,8 +642,8 @@ SETS = {
         "longt5_encoder_eager",
     ],
     # TorchScript exports at the opsets old exports have (HF's transformers.onnx and optimum wrote 11-14 for years):
-    # below 13 Softmax flattens from its axis, and onnx's data propagation does not run through their shape
-    # arithmetic (tests/exports/test_old_opsets.py)
+    # below 13 Softmax flattens from its axis, and up to 13 onnx's data propagation does not run through their
+    # shape arithmetic (tests/exports/test_old_opsets.py)
     "old_opsets": [
         f"{name}:torchscript-opset{opset}" for name in ("bert_eager", "gpt2_eager", "llama_eager") for opset in (11, 13)
     ]
