@@ -218,6 +218,12 @@ _longt5_encoder = _hf(  # local attention: the sequence cut into blocks, each re
     "d_ff": INTER, "num_layers": LAYERS, "num_heads": HEADS, "relative_attention_num_buckets": 8,
     "encoder_attention_type": "local", **NO_CACHE},
 )  # fmt: skip
+_gpt_oss = _hf(  # attention sinks (a logit per head beside the scores, its column cut off), x − max(x) before the
+    # softmax, RoPE on x's halves apart, a sliding window on every other layer; the experts as batched MatMuls
+    "GptOssConfig", "GptOssModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None,
+    "head_dim": HIDDEN // HEADS, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
+    "experts_implementation": "batched_mm"},
+)  # fmt: skip
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
     "VitDetModel",
@@ -567,6 +573,14 @@ SPECS: dict[str, Spec] = {
             ["mha", "blocks", "position bias"],
             exporters=DYNAMO,
         ),
+        Spec(
+            "gpt_oss_eager",
+            _gpt_oss("eager"),
+            LAYERS,
+            ["gqa", "causal", "sliding window", "sinks", "rope halves apart", "moe"],
+            kv_heads=HEADS // 2,
+            exporters=DYNAMO,
+        ),
     ]
 }
 
@@ -640,6 +654,7 @@ SETS = {
         "sam_vision_sdpa",
         "roformer_eager",
         "longt5_encoder_eager",
+        "gpt_oss_eager",
     ],
     # TorchScript exports at the opsets old exports have (HF's transformers.onnx and optimum wrote 11-14 for years):
     # below 13 Softmax flattens from its axis, and up to 13 onnx's data propagation does not run through their

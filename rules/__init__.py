@@ -14,6 +14,7 @@ conditions are facts on e-classes (``scalar_of``, ``rank_of``, ``finite``), neve
 * ``clamp``     — a clamp at a very negative value under the softmax (OPT's max(scores, finfo.min))
 * ``qbias``     — biases that read Q (relative positions, gates): the scores term moved out of the sum
 * ``pieces``    — attention computed in parts (a split-score KV cache, heads one by one) joined is attention
+* ``sinks``     — a sink's logit beside the scores (gpt-oss) is a zero key's bias; a stable softmax's shift
 * ``norms``     — every spelling of layer and RMS normalization is ``layer_norm`` / ``rms_norm``
 * ``gelu``      — every spelling of the exact GELU is ``gelu`` (√2 divided or 1/√2 multiplied, ½ anywhere)
 * ``tanh_gelu`` — every spelling of the tanh GELU is ``gelu_tanh`` (its own constructors: :data:`CONSTRUCTORS`)
@@ -43,6 +44,7 @@ from egfuse.rules import (
     qbias,
     rotary,
     scale,
+    sinks,
     softcap,
     tanh_gelu,
     windows,
@@ -53,7 +55,7 @@ CORE_FAMILIES: dict[str, Ruleset] = {
     "facts": facts.rules, "commute": commute.rules, "layout": layout.rules, "scale": scale.rules,
     "softcap": softcap.rules, "masks": masks.rules, "precision": precision.rules, "attention": attention.rules,
     "heads": heads.rules, "heads.weights": heads.weights, "clamp": clamp.rules, "qbias": qbias.rules,
-    "pieces": pieces.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
+    "pieces": pieces.rules, "sinks": sinks.rules, "norms": norms.rules, "gelu": gelu.rules, "rotary": rotary.rules,
     "windows": windows.rules, "groups": groups.rules, "tanh_gelu": tanh_gelu.rules,
 }  # fmt: skip
 """The target-independent families, by the name their rules carry."""

@@ -14,7 +14,9 @@ what the op reads, which is proven here as facts, never assumed:
   flattened) and tables ``interleave(t, t)`` — ``repeat_interleave(t, 2)``, which lowering reads as a unit last
   axis spread to two (``Concat(u, u)``) and merged. Elementwise functions, rows and new axes move inside an
   interleave, so a table computed after the repeat is recognised too;
-* partial (GPT-NeoX, Phi): a rotation of ``x[…, :R]`` concatenated back with ``x[…, R:]``.
+* partial (GPT-NeoX, Phi): a rotation of ``x[…, :R]`` concatenated back with ``x[…, R:]``;
+* halves apart (gpt-oss): ``[x₁·c − x₂·s, x₂·c + x₁·s]`` with half-width tables is rotate-half with the
+  tables joined to themselves.
 
 The tables multiply x after a new unit axis at x's heads axis (1: (B, N, S, H); 2: (B, S, N, H)), and the sums
 and products come in either operand order. Which tables the op then reads, whether their length is x's and
@@ -109,6 +111,18 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     # order: egglog compiles each). The tables gain a unit axis at x's heads axis (−3 or −2 from the end).
     heads_axis = (ax >= i64(-3), ax <= i64(-2), rank_of(x) == i64(4))
     half = Tensor.concat(Tensor.neg(Tensor.part(x, -1, h, h)), Tensor.part(x, -1, 0, h), -1)
+    # x's halves rotated apart and joined (gpt-oss): [x₁·c − x₂·s | x₂·c + x₁·s] = x·[c|c] + [−x₂|x₁]·[s|s] for
+    # half-width tables c, s — rotate-half, its tables' halves repeated by construction.
+    x1, x2 = Tensor.part(x, -1, 0, h), Tensor.part(x, -1, h, h)
+    full = Tensor.add(
+        Tensor.mul(x, Tensor.unsqueeze(Tensor.concat(c, c, -1), ax)),
+        Tensor.mul(half, Tensor.unsqueeze(Tensor.concat(s, s, -1), ax)),
+    )
+    for times in (Tensor.mul, lambda a, b: Tensor.mul(b, a)):
+        cos, sin = Tensor.unsqueeze(c, ax), Tensor.unsqueeze(s, ax)
+        minus = Tensor.sub(times(x1, cos), times(x2, sin))
+        for plus in (Tensor.add(times(x2, cos), times(x1, sin)), Tensor.add(times(x1, sin), times(x2, cos))):
+            yield rewrite(Tensor.concat(minus, plus, -1)).to(full, *heads_axis, last_dim(x) == h * i64(2))
     pairs_of = Tensor.interleave(Tensor.neg(Tensor.strided(x, 1)), Tensor.strided(x, 0))
     for table in _products(x, Tensor.unsqueeze(c, ax)):
         yield rewrite(table).to(Tensor.rotary_cos(x, c, ax + i64(4), 0), *heads_axis, halves_repeat(c))

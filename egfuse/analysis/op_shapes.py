@@ -102,12 +102,15 @@ def _concat(facts: FactQueries, node: ir.Node, ins: list[Shape | None]) -> Shape
     if not (ins and all(s is not None and len(s) == len(ins[0]) for s in ins)):
         return None
     axis = int(attr(node, "axis", 0)) % len(ins[0]) if ins[0] else 0
-    # The axis adds up only where that names no new size: all parts static, or one part. A cache's
-    # past + new keys stay the exporter's (or shape inference's) name for the total length.
+    # The axis adds up only where that names no new size: at most one part symbolic (a sink's column after the
+    # keys: T + 1), or one part. A cache's past + new keys stay the exporter's (or shape inference's) name for
+    # the total length.
     sizes = [s[axis] for s in ins]
     total: Dim | None = sizes[0] if len(sizes) == 1 else None
-    if len(sizes) > 1 and all(d is not None and d.static is not None for d in sizes):
-        total = Dim(sum(d.static for d in sizes))
+    if len(sizes) > 1 and all(d is not None for d in sizes) and sum(d.static is None for d in sizes) <= 1:
+        total = sizes[0]
+        for d in sizes[1:]:
+            total = total.plus(d)
     return tuple(total if i == axis else d for i, d in enumerate(ins[0])) if ins[0] else None
 
 

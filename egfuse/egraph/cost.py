@@ -227,7 +227,7 @@ class CostModel:
             return Work(0.0, 2.0 * out * ELEMENT_BYTES)
         if op in ("add", "sub", "mul", "div", "where", "maximum", "isnan", "sqrt", "tanh", "cast", "softmax",
                   "nan_to_zero", "transpose", "repeat_heads", "pow", "reciprocal", "reduce_mean", "erf", "neg", "cos",
-                  "sin", "tile_lead"):  # fmt: skip
+                  "sin", "tile_lead", "row_max", "zero_row", "zero_col", "sink_col"):  # fmt: skip
             out = max(sizes) if sizes else 1
             if op == "repeat_heads":
                 out *= int(view(node).times)

@@ -162,6 +162,24 @@ class Tensor(Expr):
         on ``heads_axis`` (1 or 2), the rest kept. ``cos``/``sin`` are (b, S, ·) tables: rotate-half ones as
         wide as the rotation with equal halves (the op reads the first), interleaved ones half as wide."""
 
+    # --- attention sinks (:mod:`egfuse.rules.sinks`): a softmax over one more column than the keys -------------
+    @classmethod
+    def row_max(cls, a: Tensor) -> Tensor:
+        """``ReduceMax`` over the last axis, keeping it: what a numerically stable softmax subtracts."""
+
+    @classmethod
+    def zero_row(cls, a: Tensor) -> Tensor:
+        """``a`` with one row of zeros appended along axis −2: a key that scores 0 and a value that adds 0."""
+
+    @classmethod
+    def zero_col(cls, a: Tensor) -> Tensor:
+        """``a`` with one column of zeros appended along the last axis: a mask that leaves the extra key alone."""
+
+    @classmethod
+    def sink_col(cls, e: Tensor, k: Tensor) -> Tensor:
+        """``e`` (…, 1) placed after as many zero columns as ``k`` has rows (axis −2): a sink's logit as the
+        bias of the key ``zero_row(k)`` appends."""
+
     @classmethod
     def cols_before(cls, a: Tensor, n: StringLike) -> Tensor:
         """``a[…, :n]``: the probabilities over a KV cache of length ``n`` (a symbolic dim)."""

@@ -71,6 +71,19 @@ def _reduce_mean(kids: list[Shape], a: Any) -> Shape | None:
     return (*kids[0][:-1], Dim(1)) if kids[0] else None
 
 
+def _grown(axis: int, kids: list[Shape], a: Any) -> Shape | None:
+    """One more row (``zero_row``, axis −2) or column (``zero_col``, −1) of zeros."""
+    x = kids[0]
+    if len(x) < -axis or x[axis] is None:
+        return None
+    return tuple(x[axis].plus(Dim(1)) if i == len(x) + axis else d for i, d in enumerate(x))
+
+
+def _sink_col(kids: list[Shape], a: Any) -> Shape | None:
+    e, k = kids
+    return (*e[:-1], k[-2].plus(Dim(1))) if e and len(k) >= 2 and k[-2] is not None else None
+
+
 def _transpose(kids: list[Shape], a: Any) -> Shape | None:
     perm = [int(p) for p in a.perm.split(",")]
     return tuple(kids[0][p] for p in perm) if sorted(perm) == list(range(len(kids[0]))) else None
@@ -207,6 +220,10 @@ SHAPE_RULES: dict[str, ShapeRule] = {
     "zero_bias": _zero_bias,
     "unit_scale": _unit_scale,
     "reduce_mean": _reduce_mean,
+    "row_max": _reduce_mean,
+    "zero_row": partial(_grown, -2),
+    "zero_col": partial(_grown, -1),
+    "sink_col": _sink_col,
     "transpose": _transpose,
     "matmul": _matmul,
     "split_heads": _split_heads,

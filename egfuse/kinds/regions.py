@@ -29,6 +29,7 @@ VOCABULARY = PIECES | frozenset({
     "Conv",  # 1×1 convolutions as projections on channel-first (B, C, S) tensors (SqueezeBERT)
     "Identity",  # torch's clone() in old dynamo exports
     "CastLike",  # torch 2.1: a Cast to the dtype of another value (lowered like Cast)
+    "ReduceMax",  # the row max a stable softmax subtracts (gpt-oss)
 })  # fmt: skip
 # Reshape: 3D (B·N, S, T) probabilities; Dropout: the identity at inference (checked by is_inference_dropout);
 # Expand: dynamo's batched MatMul expands P to the shape it has before folding it to 3D; Identity: clone();
@@ -105,6 +106,10 @@ def _forward(softmax: ir.Node, facts: GraphFacts | None = None) -> list[ir.Node]
         if split_score:
             chain.extend(split_score)
             break
+        if len(users) == 1 and users[0].op_type == "Slice" and users[0].inputs[0] is value:
+            chain.append(users[0])  # one piece kept (gpt-oss cuts its sinks' column off): the rules read the cut
+            value = users[0].outputs[0]
+            continue
         # The IsNaN guard reads the probabilities twice (IsNaN(p) and Where(…, p)).
         guards = [
             n

@@ -33,7 +33,7 @@ class RotaryRegion(Region):
     """A rotation's nodes, found from its anchor (the node whose output is rotate(x)): lowered into the e-graph,
     where the rules decide what it is."""
 
-    spelling: str = "rotate-half"  # or "interleaved": how the rotate pairs x's features
+    spelling: str = "rotate-half"  # "interleaved": how the rotate pairs x's features; "split-halves": none written
     values: RotationValues | None = None  # what each step of the rotation computes, for the explanation
 
 
@@ -59,6 +59,9 @@ def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion
         spelling = _spelling(node)
         if spelling is None:
             continue
+        if spelling == "split-halves":
+            found.append(_halves_region(node, len(found), order, facts))
+            continue
         anchor, members = node, _rotate_nodes(node)
         if spelling == "interleaved":  # the stacked pairs are flattened by the Reshape that reads them
             users = [use.node for use in node.outputs[0].uses() if use.node.op_type != "Shape"]
@@ -70,6 +73,54 @@ def find_rotary_regions(graph: ir.Graph, facts: GraphFacts) -> list[RotaryRegion
         region = RotaryRegion(index=len(found), anchor=anchor, nodes=nodes, spelling=spelling, values=values)
         found.append(_with_outputs(region, values.output))
     return found
+
+
+def _halves_region(concat: ir.Node, index: int, order: dict[ir.Node, int], facts: GraphFacts) -> RotaryRegion:
+    """A rotation written on x's halves apart (gpt-oss: ``[x₁·c − x₂·s, x₂·c + x₁·s]``): the halves, the four
+    products, the difference, the sum and their join, the tables' ops, and a partial rotation's ends."""
+    sub, add = (v.producer() for v in concat.inputs)
+    products = [m for n in (sub, add) for m in (v.producer() for v in n.inputs) if m is not None]
+    halves = {v.producer() for m in products for v in m.inputs if v is not None and _is_half(v)}
+    members = {concat, sub, add, *products, *halves}
+    halves_of = {n.outputs[0] for n in halves}
+    for product in products:
+        for value in product.inputs:
+            if value is not None and value not in halves_of:
+                members |= _table_nodes(value)
+    output = concat.outputs[0]
+    source = next(iter(halves)).inputs[0].producer()
+    putback = single_consumer(output)
+    if source is not None and source.op_type == "Slice" and _on_features(putback, facts):
+        members |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
+        output = putback.outputs[0]
+    members.discard(None)
+    values = RotationValues(concat.outputs[0], None, None, concat.outputs[0], output)
+    nodes = sorted(members, key=order.__getitem__)
+    region = RotaryRegion(index=index, anchor=concat, nodes=nodes, spelling="split-halves", values=values)
+    return _with_outputs(region, output)
+
+
+def _is_half(value: ir.Value) -> bool:
+    node = value.producer()
+    return node is not None and node.op_type == "Slice" and node.domain in ("", "ai.onnx")
+
+
+def _halves_spelling(concat: ir.Node) -> bool:
+    """``Concat(Sub(Mul, Mul), Add(Mul, Mul))`` whose products read two slices of one tensor, each once on each
+    side: x's halves rotated apart — the shape of a rotation, before any proof."""
+    sub, add = (producer(v) for v in concat.inputs)
+    if sub is None or add is None or sub.op_type != "Sub" or add.op_type != "Add":
+        return False
+    sides = []
+    for node in (sub, add):
+        products = [producer(v) for v in node.inputs]
+        if any(m is None or m.op_type != "Mul" for m in products):
+            return False
+        sides.append({v for m in products for v in m.inputs if v is not None and _is_half(v)})
+    if len(sides[0]) != 2 or sides[0] != sides[1]:
+        return False
+    first, second = (v.producer() for v in sides[0])
+    return first.inputs[0] is second.inputs[0]
 
 
 def _rotate_nodes(concat: ir.Node) -> set[ir.Node]:
@@ -171,9 +222,12 @@ def producer(value: ir.Value | None) -> ir.Node | None:
 
 def _spelling(concat: ir.Node) -> str | None:
     """``Concat(Neg(Slice(x)), Slice(x))`` is rotate-half; the same with an ``Unsqueeze`` on each side is
-    interleaved — the shape of a rotation, before any proof."""
+    interleaved; x's halves rotated apart and joined is split-halves — the shape of a rotation, before any
+    proof."""
     if concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx") or len(concat.inputs) != 2:
         return None
+    if _halves_spelling(concat):
+        return "split-halves"
     first, second = (producer(v) for v in concat.inputs)
     spelling = "rotate-half"
     if first is not None and second is not None and first.op_type == second.op_type == "Unsqueeze":

@@ -41,6 +41,11 @@ class RotationValues:
 def why_not(values: RotationValues, spelling: str, g: ClassReader) -> str:
     """The first step of the rotation the rules did not reach, and the fact it lacked (``g``: the e-graph as
     the region sees it, :meth:`~egfuse.writing.region_writer.RegionWriter.reader`)."""
+    if spelling == "split-halves":
+        if not g.nodes(g.of(values.total), "rotary"):
+            return ("the halves are not rotated as [x₁·c − x₂·s, x₂·c + x₁·s] with x's halves and one pair of "
+                    "half-width tables unsqueezed at x's heads axis")  # fmt: skip
+        return "the rotated part is not concatenated back with x[..., R:]"
     x, why = _rotated_tensor(g, g.of(values.rotated), spelling)
     if x is None:
         return why

@@ -139,6 +139,15 @@ class Lowerer(LayoutTerms, PieceTerms):
             return None
         return self._call("reduce_mean", arg) if axes[0] % rank == rank - 1 else None
 
+    def _row_max(self, node: ir.Node, arg: str) -> str | None:
+        """The max over the last axis, kept: what a stable softmax subtracts. Other reductions are leaves."""
+        rank = self.facts.rank(node.inputs[0])
+        keep = node.attributes.get("keepdims")
+        axes = axes_input(node, self.facts)
+        if (keep is not None and keep.value != 1) or rank is None or axes is None or len(axes) != 1:
+            return None
+        return self._call("row_max", arg) if axes[0] % rank == rank - 1 else None
+
     def _global_average(self, node: ir.Node, arg: str) -> str | None:
         """``GlobalAveragePool`` averages every axis after the second: of a rank-3 tensor, the last one, kept —
         the mean of a norm as Keras' exporters write it."""
@@ -182,6 +191,7 @@ _TERMS: dict[str, _TermBuilder] = {
     "GatherND": lambda self, node, args: self._rows_nd(node, args),
     "Tile": lambda self, node, args: self._tile(node, args[0]),
     "ReduceMean": lambda self, node, args: self._reduce_mean(node, args[0]),
+    "ReduceMax": lambda self, node, args: self._row_max(node, args[0]),
     "GlobalAveragePool": lambda self, node, args: self._global_average(node, args[0]),
     "LayerNormalization": lambda self, node, args: (
         self._layer_norm(node, args) if len(args) > 1 and args[1] is not None else None

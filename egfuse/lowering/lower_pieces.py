@@ -134,6 +134,10 @@ class PieceTerms(TermWriter):
         if start == Dim(0) and end.static is None:
             self.table.cuts.setdefault(str(end), ins[2])
             return self._call("cols_before", arg, quoted(end))
+        if start == Dim(0) and end.static is not None and end.static < 0 and whole is not None:
+            kept = whole.plus(Dim(-end.static), -1)  # all but the last columns (a sink's, gpt-oss): [:-1]
+            self.table.cuts.setdefault(str(kept), ins[2])
+            return self._call("cols_before", arg, quoted(kept))
         if start.static is None and to_end:
             self.table.cuts.setdefault(str(start), ins[1])
             return self._call("cols_from", arg, quoted(start))

@@ -86,6 +86,45 @@ def _reduce_mean(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir
     return e.node("ReduceMean", [x], {"axes": [-1]}, like=x)
 
 
+def _row_max(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
+    """Axes an input from opset 18, an attribute before."""
+    x = e.value(a.a)
+    if e.opset >= 18:
+        return e.node("ReduceMax", [x, e.const(_int64(-1), "axes")], {"keepdims": 1}, like=x)
+    return e.node("ReduceMax", [x], {"axes": [-1], "keepdims": 1}, like=x)
+
+
+def _padded(e: EmitterProtocol, x: ir.Value, rank: int, axis: int, before: ir.Value | int, after: int) -> ir.Value:
+    """``x`` with zeros added along ``axis`` (counted from the end): ``before`` of them in front (a count, or a
+    1-element int64 value the run knows), ``after`` behind. Pads an input from opset 11, an attribute before."""
+    at = rank + axis
+    if isinstance(before, int):
+        pads = [0] * (2 * rank)
+        pads[at], pads[rank + at] = before, after
+        if e.opset < 11:
+            return e.node("Pad", [x], {"pads": pads}, like=x)
+        return e.node("Pad", [x, e.const(_int64(*pads), "pads")], like=x)
+    if e.opset < 11:
+        raise ValueError(f"Pad takes its pads as an attribute at opset {e.opset}: a length the run knows cannot be one")
+    head = e.const(np.zeros(at, np.int64), "pads") if at else None
+    tail = e.const(_int64(*([0] * (rank - at - 1) + [0] * at + [after] + [0] * (rank - at - 1))), "pads")
+    pads = e.node("Concat", [v for v in (head, before, tail) if v is not None], {"axis": 0})
+    return e.node("Pad", [x, pads], like=x)
+
+
+def _zero_row_or_col(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
+    """``zero_row``: one zero row after the last (axis −2); ``zero_col``: one zero column (axis −1)."""
+    x = e.value(a.a)
+    return _padded(e, x, e.rank(a.a, x), -2 if n.op == "zero_row" else -1, 0, 1)
+
+
+def _sink_col(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
+    """``e`` behind as many zero columns as ``k`` has rows: ``Pad`` by ``Shape(k)[-2]`` in front."""
+    x, k = e.value(a.e), e.value(a.k)
+    rank = e.rank(a.e, x)
+    return _padded(e, x, rank, -1, e.shape(k, -2, -1), 0)
+
+
 def _transpose(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
     x = e.value(a.a)
     return e.node("Transpose", [x], {"perm": [int(p) for p in a.perm.split(",")]}, like=x)
@@ -193,6 +232,10 @@ PRIMITIVE_WRITERS: dict[str, PrimitiveWriter] = {
     "softmax": _softmax,
     "reduce_mean": _reduce_mean,
     "transpose": _transpose,
+    "row_max": _row_max,
+    "zero_row": _zero_row_or_col,
+    "zero_col": _zero_row_or_col,
+    "sink_col": _sink_col,
     "concat": _concat,
     "part": _part,
     "cols_before": _columns,

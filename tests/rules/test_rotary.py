@@ -113,3 +113,32 @@ def test_rows_cut_or_gathered_keep_the_halves_and_a_matrix_transposed_does_not()
     egraph.check(halves_repeat(cut))
     egraph.check_fail(halves_repeat(swapped))
     egraph.check_fail(halves_repeat(last_axis_cut))
+
+
+def _halves_apart(v: Tensor, half: int, cos: Tensor, sin: Tensor, *, inverse: bool = False) -> Tensor:
+    """gpt-oss's ``[x₁·c − x₂·s, x₂·c + x₁·s]`` (``inverse``: ``[x₁·c + x₂·s, x₂·c − x₁·s]``, the rotation by −θ)."""
+    x1, x2 = Tensor.part(v, -1, 0, half), Tensor.part(v, -1, half, half)
+    if inverse:
+        return Tensor.concat(Tensor.add(Tensor.mul(x1, cos), Tensor.mul(x2, sin)),
+                             Tensor.sub(Tensor.mul(x2, cos), Tensor.mul(x1, sin)), -1)  # fmt: skip
+    return Tensor.concat(Tensor.sub(Tensor.mul(x1, cos), Tensor.mul(x2, sin)),
+                         Tensor.add(Tensor.mul(x2, cos), Tensor.mul(x1, sin)), -1)  # fmt: skip
+
+
+def test_halves_rotated_apart_with_half_width_tables_are_the_op_and_the_inverse_rotation_is_not():
+    """Half-width tables need no proof of repeated halves: the rule joins each to itself."""
+    cos, sin = table(Tensor.cos, theta), table(Tensor.sin, theta)
+    written = _halves_apart(x, 8, cos, sin)
+    x1, x2 = Tensor.part(x, -1, 0, 8), Tensor.part(x, -1, 8, 8)
+    tables_first = Tensor.concat(Tensor.sub(Tensor.mul(cos, x1), Tensor.mul(sin, x2)),
+                                 Tensor.add(Tensor.mul(sin, x1), Tensor.mul(cos, x2)), -1)  # fmt: skip
+    inverse = _halves_apart(x, 8, cos, sin, inverse=True)
+    other = _halves_apart(t, 8, cos, sin)  # x's halves, but t's width unknown: no rotation of t is proven
+    egraph = saturated(written, tables_first, inverse, other, *x_facts(16))
+    c = Tensor.cast(Tensor.rows(Tensor.cos(theta), positions), 1)
+    s = Tensor.cast(Tensor.rows(Tensor.sin(theta), positions), 1)
+    op = Tensor.rotary(x, Tensor.concat(c, c, -1), Tensor.concat(s, s, -1), 1, 0, 16)
+    assert proves(egraph, written, op)
+    assert proves(egraph, tables_first, op)
+    assert not proves(egraph, inverse, op)
+    assert not proves(egraph, other, Tensor.rotary(t, Tensor.concat(c, c, -1), Tensor.concat(s, s, -1), 1, 0, 16))
