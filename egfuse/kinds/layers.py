@@ -73,7 +73,8 @@ def _norm(
     back = _backward(sqrt.inputs[0], claimed, facts)
     if not any(n.op_type in MEANS for n in back):
         return None
-    forward = _without_trailing_scales(_norm_forward(sqrt, facts, claimed), facts)
+    own = {v for n in back for v in (*n.inputs, *n.outputs) if v is not None}
+    forward = _without_trailing_scales(_norm_forward(sqrt, facts, claimed, own), facts)
     members = back | {sqrt} | set(forward)
     for n in forward:
         for value in n.inputs:
@@ -204,14 +205,36 @@ def _normalized_input(value: ir.Value) -> bool:
     return not (producer.op_type == "Mul" and producer.inputs[0] is producer.inputs[1])
 
 
-def _norm_forward(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node]) -> list[ir.Node]:
+def _norm_forward(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node], own: set[ir.Value]) -> list[ir.Node]:
     """The single readers after the root among the norm's ops, stopping at a sum with a computed value (a
-    residual after the norm)."""
+    residual after the norm) and at a product with one that is neither the norm's own (``own``: the values its
+    means read or compute) nor made of stored values: a gate (``norm(x) · γ · silu(z)``, the gated RMS norms of
+    Mamba and Qwen3-Next's linear attention) multiplies the norm's output, it is no step of it."""
 
     def accepts(reader: ir.Node, others: list[ir.Value | None]) -> bool:
-        return reader.op_type != "Add" or all(v is not None and facts.const(v) is not None for v in others)
+        if reader.op_type == "Add":
+            return all(v is not None and facts.const(v) is not None for v in others)
+        if reader.op_type in _SCALES:
+            return all(v is not None and (v in own or facts.const(v) is not None or _stored_only(v)) for v in others)
+        return True
 
     return single_reader_chain(sqrt, claimed, _NORM_FORWARD, accepts)
+
+
+_WEIGHT_STEPS = frozenset({"Cast", "Identity", "Add", "Sub", "Mul", "Neg", "Reshape", "Unsqueeze", "Transpose"})
+
+
+def _stored_only(value: ir.Value, depth: int = 4) -> bool:
+    """Computed from stored values alone, in a few elementwise or layout steps: a weight as a norm applies it
+    (cast up, Gemma's ``1 + w``, reshaped), where it is too large to have been evaluated as a constant."""
+    node = value.producer()
+    if node is None:
+        return value.const_value is not None
+    if node.op_type == "Constant":
+        return True
+    if depth == 0 or node.op_type not in _WEIGHT_STEPS or node.domain not in ("", "ai.onnx"):
+        return False
+    return all(v is None or _stored_only(v, depth - 1) for v in node.inputs)
 
 
 def _without_trailing_scales(forward: list[ir.Node], facts: GraphFacts) -> list[ir.Node]:

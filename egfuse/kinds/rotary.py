@@ -33,7 +33,9 @@ class RotaryRegion(Region):
     """A rotation's nodes, found from its anchor (the node whose output is rotate(x)): lowered into the e-graph,
     where the rules decide what it is."""
 
-    spelling: str = "rotate-half"  # "interleaved": how the rotate pairs x's features; "split-halves": none written
+    spelling: str = "rotate-half"
+    """How the rotate pairs x's features: "interleaved"; "split-halves" (x's halves rotated apart, no rotate written);
+    "strided-halves" (x's even and odd features rotated apart and joined as halves)."""
     values: RotationValues | None = None  # what each step of the rotation computes, for the explanation
 
 
@@ -96,8 +98,15 @@ def _halves_region(concat: ir.Node, index: int, order: dict[ir.Node, int], facts
     members.discard(None)
     values = RotationValues(concat.outputs[0], None, None, concat.outputs[0], output)
     nodes = sorted(members, key=order.__getitem__)
-    region = RotaryRegion(index=index, anchor=concat, nodes=nodes, spelling="split-halves", values=values)
+    spelling = "strided-halves" if any(_strided(n, facts) for n in halves) else "split-halves"
+    region = RotaryRegion(index=index, anchor=concat, nodes=nodes, spelling=spelling, values=values)
     return _with_outputs(region, output)
+
+
+def _strided(node: ir.Node, facts: GraphFacts) -> bool:
+    """A Slice with a step other than 1: x's even or odd features (DeepSeek's ``rope_interleave``)."""
+    steps = facts.const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    return steps is not None and bool((steps != 1).any())
 
 
 def _is_half(value: ir.Value) -> bool:

@@ -18,7 +18,7 @@ from egfuse.validation import validate
 from egfuse.validation.validate import make_feeds
 from egfuse.writing import writers
 
-from ..conftest import assert_same_outputs, feature_model, one_target_fast
+from ..conftest import assert_same_outputs, fast_on, feature_model, one_target_fast
 from ..rules.test_rules import proves, saturated
 
 x, g, b, two, one, eps = (Tensor.value(i) for i in range(6))
@@ -459,6 +459,25 @@ def test_a_scalar_applied_to_a_norms_output_stays_outside_the_norm(target):
     result = egfuse.fuse(model, target=target)
     assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
     assert result.report.fused_ops() == {"RMSNormalization": 1}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
+@pytest.mark.parametrize("target", fast_on("onnx"))
+@pytest.mark.parametrize("gamma", [True, False], ids=["gamma", "no gamma"])
+def test_a_gate_multiplying_a_norms_output_stays_outside_the_norm(target, gamma):
+    """A gated RMS norm (Mamba's, Qwen3-Next's linear attention: ``norm(x) · γ · silu(z)``, or Falcon-Mamba's with
+    no γ) multiplies the norm by a computed gate: the norm's region took the product in ("scaled by something
+    other than γ") and kept it all. The norm ends before it; the gate stays in the graph."""
+    model = norm_model("rms", division="reciprocal", gamma=gamma)
+    (reader,) = [n for n in model.graph.node if n.output[0] == "output"]
+    reader.input[0] = "gated"
+    index = list(model.graph.node).index(reader)
+    model.graph.node.insert(index, helper.make_node("Mul", ["scaled" if gamma else "n", "gate"], ["gated"]))
+    model.graph.node.insert(index, helper.make_node("Sigmoid", ["input"], ["gate"]))
+    result = egfuse.fuse(model, target=target)
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert result.report.fused_ops() == {"RMSNormalization": 1}
+    assert "Sigmoid" in _fused_ops(result.model)
     assert_same_outputs(model, result.model, make_feeds(model))
 
 
