@@ -218,12 +218,14 @@ _longt5_encoder = _hf(  # local attention: the sequence cut into blocks, each re
     "d_ff": INTER, "num_layers": LAYERS, "num_heads": HEADS, "relative_attention_num_buckets": 8,
     "encoder_attention_type": "local", **NO_CACHE},
 )  # fmt: skip
+_GPT_OSS_SIZES = {"pad_token_id": None, "eos_token_id": None, "head_dim": HIDDEN // HEADS, "num_local_experts": 4,
+                  "num_experts_per_tok": 2, "sliding_window": 4, "experts_implementation": "batched_mm"}  # fmt: skip
+"""gpt-oss at tiny sizes: 4 experts, a window of 4 on every other layer; the experts as batched MatMuls (the
+default, grouped_mm, has no ONNX function)."""
 _gpt_oss = _hf(  # attention sinks (a logit per head beside the scores, its column cut off), x − max(x) before the
-    # softmax, RoPE on x's halves apart, a sliding window on every other layer; the experts as batched MatMuls
-    "GptOssConfig", "GptOssModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None, "eos_token_id": None,
-    "head_dim": HIDDEN // HEADS, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
-    "experts_implementation": "batched_mm"},
-)  # fmt: skip
+    # softmax, RoPE on x's halves apart, a sliding window on every other layer
+    "GptOssConfig", "GptOssModel", _ids, {**LLAMA_SIZES, **NO_CACHE, **_GPT_OSS_SIZES},
+)
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
     "VitDetModel",
@@ -381,6 +383,20 @@ def _llama_past(impl: str):
         from transformers import LlamaConfig
 
         return LlamaConfig(**LLAMA_SIZES, attn_implementation=impl)
+
+    return _with_past(config, from_config, HEADS // 2)
+
+
+def _gpt_oss_past(impl: str):
+    """A gpt-oss step with a KV cache: the sinks' zero key after the cached and the new keys. Full attention in
+    both layers: torch.export cannot keep the cache's length symbolic through a sliding-window layer's cache."""
+    from_config = lambda cfg: __import__("transformers").GptOssModel(cfg)  # noqa: E731
+
+    def config():
+        from transformers import GptOssConfig
+
+        return GptOssConfig(**{**LLAMA_SIZES, **_GPT_OSS_SIZES}, layer_types=["full_attention"] * LAYERS,
+                            attn_implementation=impl)  # fmt: skip
 
     return _with_past(config, from_config, HEADS // 2)
 
@@ -581,6 +597,14 @@ SPECS: dict[str, Spec] = {
             kv_heads=HEADS // 2,
             exporters=DYNAMO,
         ),
+        Spec(
+            "gpt_oss_past_eager",
+            _gpt_oss_past("eager"),
+            LAYERS,
+            ["gqa", "causal", "kv cache", "sinks", "rope halves apart", "moe"],
+            kv_heads=HEADS // 2,
+            exporters=DYNAMO,
+        ),
     ]
 }
 
@@ -655,6 +679,7 @@ SETS = {
         "roformer_eager",
         "longt5_encoder_eager",
         "gpt_oss_eager",
+        "gpt_oss_past_eager",
     ],
     # TorchScript exports at the opsets old exports have (HF's transformers.onnx and optimum wrote 11-14 for years):
     # below 13 Softmax flattens from its axis, and up to 13 onnx's data propagation does not run through their

@@ -110,8 +110,9 @@ def _strided(node: ir.Node, facts: GraphFacts) -> bool:
 
 
 def _is_half(value: ir.Value) -> bool:
+    """A piece of a tensor: a ``Slice``, or an output of a ``Split`` (``torch.chunk`` as dynamo writes it)."""
     node = value.producer()
-    return node is not None and node.op_type == "Slice" and node.domain in ("", "ai.onnx")
+    return node is not None and node.op_type in ("Slice", "Split") and node.domain in ("", "ai.onnx")
 
 
 def _halves_spelling(concat: ir.Node) -> bool:
@@ -129,7 +130,7 @@ def _halves_spelling(concat: ir.Node) -> bool:
     if len(sides[0]) != 2 or sides[0] != sides[1]:
         return False
     first, second = (v.producer() for v in sides[0])
-    return first.inputs[0] is second.inputs[0]
+    return first.inputs[0] is second.inputs[0]  # one Split's two outputs, or two Slices of one tensor
 
 
 def _rotate_nodes(concat: ir.Node) -> set[ir.Node]:

@@ -50,7 +50,8 @@ from egfuse.egraph.shapes import bind
 from ..conftest import DATA, assert_same_outputs, fused_op_count
 
 HELD_OUT = DATA / "held_out"
-ENTRIES = [e for e in json.loads((HELD_OUT / "manifest.json").read_text())["models"] if e["file"]]
+MANIFEST = json.loads((HELD_OUT / "manifest.json").read_text())
+ENTRIES = [e for e in MANIFEST["models"] if e["file"]]
 
 
 @pytest.mark.parametrize("target", ["ort", "onnx", "npu"])
@@ -70,6 +71,8 @@ def test_every_block_fuses_and_matches(entry: dict, target: str):
         assert not kept, str(report)
     assert report.fused + len(kept) == entry["blocks"], str(report)
     assert report.validated is True, str(report)
+    if any(f.startswith("rope") for f in entry["flavour"]):  # Q's and K's rotation in every layer, found
+        assert len(report.rotary) == 2 * MANIFEST["layers"], str(report)
     if target != "npu":  # the npu target keeps rotations (and the GELU below opset 20), and writes one op a head
         assert all(r.status == "fused" for r in [*report.layer_ops, *report.rotary]), str(report)
         assert fused_op_count(result.model, target) == entry["blocks"], str(report)
