@@ -224,7 +224,10 @@ _GPT_OSS_SIZES = {"pad_token_id": None, "eos_token_id": None, "head_dim": HIDDEN
 default, grouped_mm, has no ONNX function)."""
 _gpt_oss = _hf(  # attention sinks (a logit per head beside the scores, its column cut off), x − max(x) before the
     # softmax, RoPE on x's halves apart, a sliding window on every other layer
-    "GptOssConfig", "GptOssModel", _ids, {**LLAMA_SIZES, **NO_CACHE, **_GPT_OSS_SIZES},
+    "GptOssConfig",
+    "GptOssModel",
+    _ids,
+    {**LLAMA_SIZES, **NO_CACHE, **_GPT_OSS_SIZES},
 )
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
