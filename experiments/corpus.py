@@ -229,6 +229,14 @@ _gpt_oss = _hf(  # attention sinks (a logit per head beside the scores, its colu
     _ids,
     {**LLAMA_SIZES, **NO_CACHE, **_GPT_OSS_SIZES},
 )
+_deepseek_v3 = _hf(  # multi-head latent attention: Q and K of 12 (8 + 4 rotated: x's even and odd features rotated
+    # apart and joined as halves, then after the unrotated part), V of 8, low-rank projections; experts after layer 1
+    "DeepseekV3Config", "DeepseekV3Model", _ids, {**LLAMA_SIZES, **NO_CACHE, "pad_token_id": None,
+    "eos_token_id": None, "num_key_value_heads": HEADS, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4, "v_head_dim": 8, "moe_intermediate_size": 16, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1,
+    "experts_implementation": "batched_mm"},
+)  # fmt: skip
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
     "VitDetModel",
@@ -601,6 +609,13 @@ SPECS: dict[str, Spec] = {
             exporters=DYNAMO,
         ),
         Spec(
+            "deepseek_v3_eager",
+            _deepseek_v3("eager"),
+            LAYERS,
+            ["mha", "causal", "mla", "rope halves apart, strided, after the rest", "moe, sigmoid router"],
+            exporters=DYNAMO,
+        ),
+        Spec(
             "gpt_oss_past_eager",
             _gpt_oss_past("eager"),
             LAYERS,
@@ -683,6 +698,7 @@ SETS = {
         "longt5_encoder_eager",
         "gpt_oss_eager",
         "gpt_oss_past_eager",
+        "deepseek_v3_eager",
     ],
     # TorchScript exports at the opsets old exports have (HF's transformers.onnx and optimum wrote 11-14 for years):
     # below 13 Softmax flattens from its axis, and up to 13 onnx's data propagation does not run through their

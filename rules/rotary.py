@@ -16,7 +16,8 @@ what the op reads, which is proven here as facts, never assumed:
   interleave, so a table computed after the repeat is recognised too;
 * partial (GPT-NeoX, Phi): a rotation of ``x[…, :R]`` concatenated back with ``x[…, R:]``;
 * halves apart (gpt-oss): ``[x₁·c − x₂·s, x₂·c + x₁·s]`` with half-width tables is rotate-half with the
-  tables joined to themselves.
+  tables joined to themselves; with x₁, x₂ x's even and odd features (DeepSeek's ``rope_interleave``), rotate-half
+  of x de-interleaved, ``[x[…, 0::2] | x[…, 1::2]]``.
 
 The tables multiply x after a new unit axis at x's heads axis (1: (B, N, S, H); 2: (B, S, N, H)), and the sums
 and products come in either operand order. Which tables the op then reads, whether their length is x's and
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from egglog import String, eq, f64, i64, rewrite, rule, ruleset
+from egglog import String, eq, f64, i64, rewrite, rule, ruleset, set_, union
 
 from egfuse.egraph.lang import Tensor
 from egfuse.egraph.term_facts import halves_repeat, last_dim, rank_of, scalar_of
@@ -117,6 +118,16 @@ def rules(x: Tensor, t: Tensor, a: Tensor, b: Tensor, c: Tensor, s: Tensor, i: T
     full = Tensor.add(
         Tensor.mul(x, Tensor.unsqueeze(Tensor.concat(c, c, -1), ax)),
         Tensor.mul(half, Tensor.unsqueeze(Tensor.concat(s, s, -1), ax)),
+    )
+    # x's even and odd features are the halves of x de-interleaved, [x[…, 0::2] | x[…, 1::2]]: rotated apart and
+    # joined as halves (DeepSeek's rope_interleave), they are rotate-half of that tensor.
+    evens, odds = Tensor.strided(x, 0), Tensor.strided(x, 1)
+    apart = Tensor.concat(evens, odds, -1)
+    yield rule(evens, odds, last_dim(x) == w, rank_of(x) == r, eq(w % i64(2)).to(i64(0))).then(
+        union(evens).with_(Tensor.part(apart, -1, 0, w / i64(2))),
+        union(odds).with_(Tensor.part(apart, -1, w / i64(2), w / i64(2))),
+        set_(last_dim(apart)).to(w),
+        set_(rank_of(apart)).to(r),
     )
     for times in (Tensor.mul, lambda a, b: Tensor.mul(b, a)):
         cos, sin = Tensor.unsqueeze(c, ax), Tensor.unsqueeze(s, ax)

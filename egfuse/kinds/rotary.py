@@ -91,8 +91,8 @@ def _halves_region(concat: ir.Node, index: int, order: dict[ir.Node, int], facts
                 members |= _table_nodes(value)
     output = concat.outputs[0]
     source = next(iter(halves)).inputs[0].producer()
-    putback = single_consumer(output)
-    if source is not None and source.op_type == "Slice" and _on_features(putback, facts):
+    putback = _putback(output, source, facts)
+    if putback is not None:
         members |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
         output = putback.outputs[0]
     members.discard(None)
@@ -186,13 +186,24 @@ def _around(anchor: ir.Node, members: set[ir.Node], facts: GraphFacts) -> tuple[
                     around |= _table_nodes(value)
     output = add.outputs[0]
     source = slices[0].inputs[0].producer() if slices else None
-    putback = single_consumer(output)
-    if source is not None and source.op_type == "Slice" and _on_features(putback, facts):
+    putback = _putback(output, source, facts)
+    if putback is not None:
         around |= {source, putback} | {v.producer() for v in putback.inputs if v is not None}
         output = putback.outputs[0]
     cos_term = mul_cos.outputs[0] if mul_cos is not None else None
     values = RotationValues(rotated, mul_sin.outputs[0], cos_term, add.outputs[0], output)
     return values, {n for n in around if n is not None}
+
+
+def _putback(output: ir.Value, source: ir.Node | None, facts: GraphFacts) -> ir.Node | None:
+    """The ``Concat`` that puts a partial rotation's other features back, where it is the op's partial form:
+    the rotated first features first (``source`` a Slice of x). Where the rest comes first (DeepSeek's MLA joins
+    its unrotated part before the rotated one) the rotation ends at its own output and the join stays the
+    graph's."""
+    putback = single_consumer(output)
+    if source is None or source.op_type != "Slice" or not _on_features(putback, facts):
+        return None
+    return putback if putback.inputs[0] is output else None
 
 
 def _on_features(concat: ir.Node | None, facts: GraphFacts) -> bool:

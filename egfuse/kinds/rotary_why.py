@@ -41,12 +41,10 @@ class RotationValues:
 def why_not(values: RotationValues, spelling: str, g: ClassReader) -> str:
     """The first step of the rotation the rules did not reach, and the fact it lacked (``g``: the e-graph as
     the region sees it, :meth:`~egfuse.writing.region_writer.RegionWriter.reader`)."""
-    if spelling == "strided-halves":
-        return ("x's even and odd features are rotated apart and joined as halves (DeepSeek's rope_interleave): the "
-                "op pairs them in place, and no rule moves its output into that order")  # fmt: skip
-    if spelling == "split-halves":
+    if spelling in ("split-halves", "strided-halves"):
+        halves = "x's halves" if spelling == "split-halves" else "x's even and odd features"
         if not g.nodes(g.of(values.total), "rotary"):
-            return ("the halves are not rotated as [x₁·c − x₂·s, x₂·c + x₁·s] with x's halves and one pair of "
+            return (f"the pieces are not rotated as [x₁·c − x₂·s, x₂·c + x₁·s] with x₁, x₂ {halves} and one pair of "
                     "half-width tables unsqueezed at x's heads axis")  # fmt: skip
         return "the rotated part is not concatenated back with x[..., R:]"
     x, why = _rotated_tensor(g, g.of(values.rotated), spelling)

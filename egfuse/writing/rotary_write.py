@@ -25,7 +25,8 @@ def rotary(node: ENode, e: EmitterProtocol, op: FusedOp) -> ir.Value:
     r = view(node)
     x, cos, sin = e.value(r.x), e.value(r.cos), e.value(r.sin)
     heads_axis, interleaved, width = int(r.heads_axis), bool(int(r.interleaved)), int(r.rotary_dim)
-    x_shape = e.facts.shape(x)
+    x_shape = e.facts.shape(x) if x not in e.created else None
+    x_shape = x_shape or e.shapes.get(r.x)  # an x written here (DeepSeek's features de-interleaved)
     if x_shape is None or len(x_shape) != 4 or x_shape[-1] is None or x_shape[-1].static is None:
         raise ValueError("the rotated tensor is not a 4D tensor with a known head size")
     head_size = x_shape[-1].static

@@ -62,7 +62,7 @@ def test_every_block_fuses_and_matches(entry: dict, target: str):
     result = egfuse.fuse(path, target=target)
     report = result.report
     kept = [r for r in report.regions if r.status != "fused"]
-    routers = [r for r in kept if "moe" in entry["flavour"] and "not multiplied by V" in r.reason]
+    routers = [r for r in kept if "moe" in entry["flavour"] and "not multiplied by V" in r.reason]  # softmax-routed
     assert len(routers) == (2 if "moe" in entry["flavour"] else 0), str(report)  # a router's softmax a layer
     kept = [r for r in kept if r not in routers]
     if target == "npu":  # single-head attentions are priced against the graph's own ops: a block may stay by cost

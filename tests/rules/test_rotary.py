@@ -142,3 +142,22 @@ def test_halves_rotated_apart_with_half_width_tables_are_the_op_and_the_inverse_
     assert proves(egraph, tables_first, op)
     assert not proves(egraph, inverse, op)
     assert not proves(egraph, other, Tensor.rotary(t, Tensor.concat(c, c, -1), Tensor.concat(s, s, -1), 1, 0, 16))
+
+
+def test_even_and_odd_features_rotated_apart_are_rotate_half_of_x_deinterleaved():
+    """DeepSeek's rope_interleave: x₁ = x[..., 0::2], x₂ = x[..., 1::2], joined as halves — rotate-half of
+    [x₁ | x₂]; with the features of an odd width no such halves exist."""
+    c = Tensor.cast(Tensor.rows(Tensor.cos(theta), positions), 1)
+    s = Tensor.cast(Tensor.rows(Tensor.sin(theta), positions), 1)
+    cos, sin = Tensor.unsqueeze(c, -3), Tensor.unsqueeze(s, -3)
+
+    def apart(v: Tensor) -> Tensor:
+        x1, x2 = Tensor.strided(v, 0), Tensor.strided(v, 1)
+        return Tensor.concat(Tensor.sub(Tensor.mul(x1, cos), Tensor.mul(x2, sin)),
+                             Tensor.add(Tensor.mul(x2, cos), Tensor.mul(x1, sin)), -1)  # fmt: skip
+
+    egraph = saturated(apart(x), apart(t), *x_facts(8), *x_facts(7, of=t))
+    for v, width, proven in ((x, 8, True), (t, 7, False)):
+        joined = Tensor.concat(Tensor.strided(v, 0), Tensor.strided(v, 1), -1)
+        op = Tensor.rotary(joined, Tensor.concat(c, c, -1), Tensor.concat(s, s, -1), 1, 0, width)
+        assert proves(egraph, apart(v), op) is proven
