@@ -215,26 +215,29 @@ def _norm_forward(sqrt: ir.Node, facts: GraphFacts, claimed: set[ir.Node], own: 
         if reader.op_type == "Add":
             return all(v is not None and facts.const(v) is not None for v in others)
         if reader.op_type in _SCALES:
-            return all(v is not None and (v in own or facts.const(v) is not None or _stored_only(v)) for v in others)
+            return all(v is not None and _norms_own(v, own, facts) for v in others)
         return True
 
     return single_reader_chain(sqrt, claimed, _NORM_FORWARD, accepts)
 
 
-_WEIGHT_STEPS = frozenset({"Cast", "Identity", "Add", "Sub", "Mul", "Neg", "Reshape", "Unsqueeze", "Transpose"})
+_OWN_STEPS = frozenset({"Cast", "Identity", "Add", "Sub", "Mul", "Neg", "Reshape", "Unsqueeze", "Transpose"})
 
 
-def _stored_only(value: ir.Value, depth: int = 4) -> bool:
-    """Computed from stored values alone, in a few elementwise or layout steps: a weight as a norm applies it
-    (cast up, Gemma's ``1 + w``, reshaped), where it is too large to have been evaluated as a constant."""
+def _norms_own(value: ir.Value, own: set[ir.Value], facts: GraphFacts, depth: int = 4) -> bool:
+    """Computed, in a few elementwise or layout steps, from the norm's own values and stored ones alone: its
+    centred input computed again (Cohere's ``(x − mean)`` twice), a weight as a norm applies it (cast up, Gemma's
+    ``1 + w``, reshaped) where it is too large to have been evaluated as a constant. A gate is not."""
+    if value in own or facts.const(value) is not None:
+        return True
     node = value.producer()
     if node is None:
         return value.const_value is not None
     if node.op_type == "Constant":
         return True
-    if depth == 0 or node.op_type not in _WEIGHT_STEPS or node.domain not in ("", "ai.onnx"):
+    if depth == 0 or node.op_type not in _OWN_STEPS or node.domain not in ("", "ai.onnx"):
         return False
-    return all(v is None or _stored_only(v, depth - 1) for v in node.inputs)
+    return all(v is None or _norms_own(v, own, facts, depth - 1) for v in node.inputs)
 
 
 def _without_trailing_scales(forward: list[ir.Node], facts: GraphFacts) -> list[ir.Node]:

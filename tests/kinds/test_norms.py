@@ -481,6 +481,21 @@ def test_a_gate_multiplying_a_norms_output_stays_outside_the_norm(target, gamma)
     assert_same_outputs(model, result.model, make_feeds(model))
 
 
+@pytest.mark.parametrize("division", ["div", "reciprocal"])
+def test_the_centred_input_computed_twice_is_still_the_norms(division):
+    """Cohere's layer norm subtracts the mean twice, once under the root and once to divide: the second
+    ``x − mean`` is the norm's own value (the gate rule must not end the norm there)."""
+    model = norm_model("layer", division=division)
+    (divide,) = [n for n in model.graph.node if n.op_type in ("Div", "Mul") and "c" in n.input]
+    divide.input[list(divide.input).index("c")] = "c_again"
+    index = list(model.graph.node).index(divide)
+    model.graph.node.insert(index, helper.make_node("Sub", ["h", "mean"], ["c_again"]))
+    result = egfuse.fuse(model, target="onnx")
+    assert [n.status for n in result.report.layer_ops] == ["fused"] and result.report.validated, str(result.report)
+    assert result.report.fused_ops() == {"LayerNormalization": 1}
+    assert_same_outputs(model, result.model, make_feeds(model))
+
+
 @pytest.mark.parametrize("target", ["ort", "onnx"])
 def test_sd35s_query_norm_scaled_for_attention_fuses(target):
     """The SD3.5 export itself (diffusers, dynamo): every norm, activation and attention block fused."""
