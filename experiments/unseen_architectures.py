@@ -59,8 +59,8 @@ _LABELS = {
 }  # fmt: skip
 """The table's family column for the third run's types (the others are decoders)."""
 _MLA = dict(
-    kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, num_key_value_heads=4,
-    moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+    kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, head_dim=4, v_head_dim=8,
+    num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
     first_k_dense_replace=1, n_shared_experts=1,
 )  # fmt: skip
 """DeepSeek's multi-head latent attention at tiny sizes (its defaults are a 671B model's): Q and K are 12 wide
