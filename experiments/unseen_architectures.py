@@ -11,7 +11,7 @@ reports and keeps; the table says how many a model has.
 
     python experiments/unseen_architectures.py                 # export (cached under --out) and fuse
     python experiments/unseen_architectures.py --types glm qwen3 vitdet
-    python experiments/unseen_architectures.py --dtype float16    # all of them again in float16 (~10 min)
+    python experiments/unseen_architectures.py --dtype float16    # all of them again in float16 (~9 min)
 
 Writes experiments/results/unseen_architectures.{json,md} (``--dtype float16``: ``unseen_architectures_fp16``:
 the model and its float feeds in float16, what a GPU serves; its norms and softmax then compute in float32
