@@ -44,6 +44,10 @@ def rules(x: Tensor, b: Tensor, g: Tensor, t: i64, eps: f64):
     yield rewrite(Tensor.cast(Tensor.layer_norm(Tensor.cast(x, FLOAT32), g, b, eps), t)).to(
         Tensor.layer_norm(x, Tensor.cast(g, t), Tensor.cast(b, t), eps), dtype_of(x) == t
     )
+    # A half tensor widened to float32 and narrowed back is itself: float32 holds every half value exactly
+    # (XGLM's float16 export casts its probabilities so, after a softmax taken in float16).
+    for h in HALF:
+        yield rewrite(Tensor.cast(Tensor.cast(x, FLOAT32), i64(h))).to(x, eq(dtype_of(x)).to(i64(h)))
     # A half tensor plus a float32 one is their float32 sum; the probabilities of such a sum narrowed back to
     # the scores' type are an attention op's, which adds a float32 mask in float32.
     for h in HALF:

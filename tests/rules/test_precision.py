@@ -179,3 +179,34 @@ def test_a_half_range_fill_widens_to_a_fill():
     wide = upcast_feeds({"m": values}, fills=True)["m"]
     top = np.finfo(np.float32).max
     assert wide[0] == -top and wide[1] == np.nextafter(-top, np.float32(0)) and wide[2] == -1.0 and wide[3] == 0.0
+
+
+def test_a_half_tensor_widened_and_narrowed_back_is_itself_and_nothing_else_is():
+    wide, half16 = Tensor.value(20), Tensor.value(21)
+    round_trip = Tensor.cast(Tensor.cast(half16, FLOAT), FLOAT16)
+    narrowed = Tensor.cast(Tensor.cast(wide, FLOAT), FLOAT16)  # float32 x narrowed: rounding, not x
+    lossy = Tensor.cast(Tensor.cast(wide, FLOAT16), FLOAT)  # narrowed first
+    egraph = saturated(precision.rules, round_trip, narrowed, lossy, set_(dtype_of(half16)).to(i64(FLOAT16)),
+                       set_(dtype_of(wide)).to(i64(FLOAT)))  # fmt: skip
+    assert proves(egraph, round_trip, half16)
+    assert not proves(egraph, narrowed, wide)
+    assert not proves(egraph, lossy, wide)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_float16_probabilities_cast_to_float32_and_back_fuse(target):
+    """XGLM's float16 export takes the softmax in float16, then casts the probabilities to float32 and back
+    (``softmax(x, dtype=float32).to(float16)`` decomposed): nothing fused until the round trip was the identity."""
+    model = attention_model(Variant(scale="qk_div", k_layout="transpose_0132", heads=4, head_dim=16, dtype="float16"))
+    nodes = list(model.graph.node)
+    (softmax,) = [n for n in nodes if n.op_type == "Softmax"]
+    (widen,) = [n for n in nodes if n.output[0] == softmax.input[0]]  # the model's softmax in float32 …
+    (narrow,) = [n for n in nodes if n.input[:1] == softmax.output[:1]]
+    softmax.input[0], widen.input[0], narrow.input[0] = widen.input[0], softmax.output[0], widen.output[0]
+    model.graph.node.remove(widen)  # … taken in float16 instead, its probabilities widened and narrowed back
+    model.graph.node.insert(list(model.graph.node).index(narrow), widen)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[ops.index("Softmax") - 1 : ops.index("Softmax") + 3] == ["Add", "Softmax", "Cast", "Cast"]
+    result = egfuse.fuse(model, target=target)
+    assert result.report.fused == 1 and result.report.validated is True, str(result.report)
+    assert disagreements(model, result.model, feeds_for(model, seed=1, batch=2, seq=6)) == []
