@@ -67,7 +67,7 @@ def _unit_scale(kids: list[Shape], a: Any) -> Shape | None:
     return (Dim(int(a.width)),)
 
 
-def _reduce_mean(kids: list[Shape], a: Any) -> Shape | None:
+def _last_axis_kept(kids: list[Shape], a: Any) -> Shape | None:
     return (*kids[0][:-1], Dim(1)) if kids[0] else None
 
 
@@ -219,8 +219,8 @@ SHAPE_RULES: dict[str, ShapeRule] = {
     **dict.fromkeys(_SAME, _same),
     "zero_bias": _zero_bias,
     "unit_scale": _unit_scale,
-    "reduce_mean": _reduce_mean,
-    "row_max": _reduce_mean,
+    "reduce_mean": _last_axis_kept,
+    "row_max": _last_axis_kept,
     "zero_row": partial(_grown, -2),
     "zero_col": partial(_grown, -1),
     "sink_col": _sink_col,

@@ -130,23 +130,15 @@ class Lowerer(LayoutTerms, PieceTerms):
         cast = self._call("cast", flag, str(to))
         return self._call("sub", self._call("full_like", cast, float_text(1.0)), cast)
 
-    def _reduce_mean(self, node: ir.Node, arg: str) -> str | None:
-        """The mean over the last axis, kept (a norm's); any other reduction is not a term the rules know."""
+    def _last_axis(self, node: ir.Node, arg: str, term: str) -> str | None:
+        """A reduction over the last axis, kept, as ``term``: a norm's mean (``reduce_mean``), the max a stable
+        softmax subtracts (``row_max``); any other reduction is not a term the rules know."""
         rank = self.facts.rank(node.inputs[0])
         keep = node.attributes.get("keepdims")
         axes = axes_input(node, self.facts)
         if (keep is not None and keep.value != 1) or rank is None or axes is None or len(axes) != 1:
             return None
-        return self._call("reduce_mean", arg) if axes[0] % rank == rank - 1 else None
-
-    def _row_max(self, node: ir.Node, arg: str) -> str | None:
-        """The max over the last axis, kept: what a stable softmax subtracts. Other reductions are leaves."""
-        rank = self.facts.rank(node.inputs[0])
-        keep = node.attributes.get("keepdims")
-        axes = axes_input(node, self.facts)
-        if (keep is not None and keep.value != 1) or rank is None or axes is None or len(axes) != 1:
-            return None
-        return self._call("row_max", arg) if axes[0] % rank == rank - 1 else None
+        return self._call(term, arg) if axes[0] % rank == rank - 1 else None
 
     def _global_average(self, node: ir.Node, arg: str) -> str | None:
         """``GlobalAveragePool`` averages every axis after the second: of a rank-3 tensor, the last one, kept —
@@ -190,8 +182,8 @@ _TERMS: dict[str, _TermBuilder] = {
     "Gather": lambda self, node, args: self._rows(node, args),
     "GatherND": lambda self, node, args: self._rows_nd(node, args),
     "Tile": lambda self, node, args: self._tile(node, args[0]),
-    "ReduceMean": lambda self, node, args: self._reduce_mean(node, args[0]),
-    "ReduceMax": lambda self, node, args: self._row_max(node, args[0]),
+    "ReduceMean": lambda self, node, args: self._last_axis(node, args[0], "reduce_mean"),
+    "ReduceMax": lambda self, node, args: self._last_axis(node, args[0], "row_max"),
     "GlobalAveragePool": lambda self, node, args: self._global_average(node, args[0]),
     "LayerNormalization": lambda self, node, args: (
         self._layer_norm(node, args) if len(args) > 1 and args[1] is not None else None

@@ -78,20 +78,16 @@ def _softmax(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Val
     return e.node("Softmax", [e.value(a.a)], {"axis": -1}, like=e.value(a.a))
 
 
-def _reduce_mean(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
-    """Axes an input from opset 18, an attribute before."""
-    x = e.value(a.a)
+def _last_axis_reduction(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
+    """``ReduceMean`` (``reduce_mean``) or ``ReduceMax`` (``row_max``) over the last axis, kept (the default):
+    axes an input from opset 18, an attribute before."""
+    x, op = e.value(a.a), _REDUCTIONS[n.op]
     if e.opset >= 18:
-        return e.node("ReduceMean", [x, e.const(_int64(-1), "axes")], like=x)
-    return e.node("ReduceMean", [x], {"axes": [-1]}, like=x)
+        return e.node(op, [x, e.const(_int64(-1), "axes")], like=x)
+    return e.node(op, [x], {"axes": [-1]}, like=x)
 
 
-def _row_max(e: EmitterProtocol, n: ENode, a: Any, cid: EClass | None) -> ir.Value:
-    """Axes an input from opset 18, an attribute before."""
-    x = e.value(a.a)
-    if e.opset >= 18:
-        return e.node("ReduceMax", [x, e.const(_int64(-1), "axes")], {"keepdims": 1}, like=x)
-    return e.node("ReduceMax", [x], {"axes": [-1], "keepdims": 1}, like=x)
+_REDUCTIONS = {"reduce_mean": "ReduceMean", "row_max": "ReduceMax"}
 
 
 def _padded(e: EmitterProtocol, x: ir.Value, rank: int, axis: int, before: ir.Value | int, after: int) -> ir.Value:
@@ -106,8 +102,10 @@ def _padded(e: EmitterProtocol, x: ir.Value, rank: int, axis: int, before: ir.Va
         return e.node("Pad", [x, e.const(_int64(*pads), "pads")], like=x)
     if e.opset < 11:
         raise ValueError(f"Pad takes its pads as an attribute at opset {e.opset}: a length the run knows cannot be one")
-    head = e.const(np.zeros(at, np.int64), "pads") if at else None
-    tail = e.const(_int64(*([0] * (rank - at - 1) + [0] * at + [after] + [0] * (rank - at - 1))), "pads")
+    afters = [0] * rank
+    afters[at] = after
+    head = e.const(np.zeros(at, np.int64), "pads") if at else None  # the befores around the one the run knows
+    tail = e.const(_int64(*([0] * (rank - at - 1) + afters)), "pads")
     pads = e.node("Concat", [v for v in (head, before, tail) if v is not None], {"axis": 0})
     return e.node("Pad", [x, pads], like=x)
 
@@ -230,9 +228,9 @@ PRIMITIVE_WRITERS: dict[str, PrimitiveWriter] = {
     "unit_scale": _unit_scale,
     "cast": _cast,
     "softmax": _softmax,
-    "reduce_mean": _reduce_mean,
+    "reduce_mean": _last_axis_reduction,
     "transpose": _transpose,
-    "row_max": _row_max,
+    "row_max": _last_axis_reduction,
     "zero_row": _zero_row_or_col,
     "zero_col": _zero_row_or_col,
     "sink_col": _sink_col,
