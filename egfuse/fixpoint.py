@@ -30,7 +30,9 @@ from egfuse.preparation.shape_inference import infer_shapes
 from egfuse.report import RegionKey, Report, Status
 from egfuse.search import Budgets, fuse_once
 from egfuse.targets.spec import STANDARD_ATTENTION_OPSET, TargetSpec
+from egfuse.validation.ahead import ahead
 from egfuse.validation.judge import VALIDATION_ROUNDS, ban_forms, judge, upstream_only
+from egfuse.validation.runner import precomputed
 
 __all__ = ["fuse_loaded"]
 
@@ -76,24 +78,27 @@ def _fuse(
     prepared, prepare_note = prepare(loaded, chosen, validate)
     excluded: dict[RegionKey, tuple[str, float]] = {}
     banned: dict[RegionKey, dict[str, str]] = {}  # region → forms that did not validate there, and why
-    search_once = partial(
-        fuse_once,
-        budgets=budgets,
-        excluded=excluded,
-        banned=banned,
-        source=loaded.source,
-        weights=weights,
-        origins=origins,
-    )
-    prepared, chosen, fused_proto, report, opset_note = _searched(loaded, prepared, chosen, search_once)
-    if validate and report.changed:
-        t0 = time.perf_counter()
-        fused_proto, report = _judged_rounds(original, prepared, chosen, fused_proto, report, search_once, feeds,
-                                             weights, budgets, excluded, banned)  # fmt: skip
-        report.stats["seconds_validate"] = time.perf_counter() - t0
-    elif validate:
-        report.validated = None
-        report.validation_note = "nothing was fused, so the model is unchanged"
+    with ahead(original, feeds, budgets.validation_bytes, validate=validate, weights=weights) as early:
+        search_once = partial(
+            fuse_once,
+            budgets=budgets,
+            excluded=excluded,
+            banned=banned,
+            source=loaded.source,
+            weights=weights,
+            origins=origins,
+            on_found=early.start,  # the original's runs start beside the search once its regions are known
+        )
+        prepared, chosen, fused_proto, report, opset_note = _searched(loaded, prepared, chosen, search_once)
+        if validate and report.changed:
+            t0 = time.perf_counter()
+            with precomputed(early.precomputed()):
+                fused_proto, report = _judged_rounds(original, prepared, chosen, fused_proto, report, search_once,
+                                                     feeds, weights, budgets, excluded, banned)  # fmt: skip
+            report.stats["seconds_validate"] = time.perf_counter() - t0
+        elif validate:
+            report.validated = None
+            report.validation_note = "nothing was fused, so the model is unchanged"
     if prepare_note:
         report.validation_note = f"{report.validation_note}; {prepare_note}" if report.validation_note else prepare_note
         if not report.validated and report.changed:

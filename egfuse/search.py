@@ -6,6 +6,7 @@ the pass runs again (:mod:`egfuse.fixpoint` holds that loop).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,10 +65,14 @@ def fuse_once(
     source: str,
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None = None,
+    on_found: Callable[[list[str]], None] | None = None,
 ) -> tuple[onnx.ModelProto, Report]:
     """One search; repeated regions are solved once (:mod:`egfuse.repeats`), unless a repeat's program cannot be
-    renamed — then the search runs again with every region in the e-graph, which writes the same model slower."""
-    settings = dict(budgets=budgets, excluded=excluded, banned=banned, source=source, weights=weights, origins=origins)
+    renamed — then the search runs again with every region in the e-graph, which writes the same model slower.
+    ``on_found`` is told the output names of every region found, before any is lowered: what validation will
+    compare, known early enough to start the original's runs beside the search (:mod:`egfuse.validation.ahead`)."""
+    settings = dict(budgets=budgets, excluded=excluded, banned=banned, source=source, weights=weights, origins=origins,
+                    on_found=on_found)  # fmt: skip
     try:
         return _search(prepared, target, solve_once=True, **settings)
     except NotRenamed:
@@ -85,6 +90,7 @@ def _search(
     source: str,
     weights: protos.DetachedWeights | None,
     origins: dict[str, str] | None,
+    on_found: Callable[[list[str]], None] | None,
 ) -> tuple[onnx.ModelProto, Report]:
     """The stages in order: simplify → find regions → lower and saturate → extract → write each region →
     clean up. Each stage is a function below; the state they share once extraction is done is a
@@ -93,6 +99,8 @@ def _search(
     loaded = weights.to_ir(prepared) if weights is not None else ir.serde.deserialize_model(prepared)
     model, facts = _simplified(loaded, weights)
     found = _Found.of(model.graph, facts, target)
+    if on_found is not None:
+        on_found([region.main_output.name for _, region in found.kinds() if region.main_output is not None])
     opset = default_opset(prepared)
     rollback = {"excluded": excluded, "banned": banned, "origins": origins}
     writer = _extracted(found, model.graph, facts, target, opset, budgets, report, rollback, solve_once=solve_once)

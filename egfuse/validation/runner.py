@@ -8,6 +8,7 @@ from one place.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import weakref
 from collections.abc import Iterator
@@ -24,7 +25,18 @@ from egfuse.files import protos
 from egfuse.validation import memory
 from egfuse.validation.inputs import long_dims, make_feeds, related_bindings
 
-__all__ = ["DEFAULTS", "Settings", "current", "original_outputs", "run", "session", "using", "with_outputs"]
+__all__ = [
+    "DEFAULTS",
+    "Precomputed",
+    "Settings",
+    "current",
+    "original_outputs",
+    "precomputed",
+    "run",
+    "session",
+    "using",
+    "with_outputs",
+]
 
 ATOL = 1e-4
 RTOL = 1e-3
@@ -39,6 +51,10 @@ class Settings:
     atol: float = ATOL
     rtol: float = RTOL
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    ahead: bool = os.environ.get("EGFUSE_RUN_AHEAD", "1") != "0"
+    """Run the original model's side of validation in a second process while the search goes on, where it can
+    (:mod:`egfuse.validation.ahead`): the same runs and the same verdicts, sooner. ``EGFUSE_RUN_AHEAD=0`` in the
+    environment turns it off by default (where processes may not be forked)."""
 
 
 DEFAULTS = Settings()
@@ -78,6 +94,8 @@ def session(model: onnx.ModelProto, weights: protos.DetachedWeights | None = Non
     # few times on small feeds. It cost 5 ms of each 48-layer BERT session's 38 (and a packed copy of every
     # MatMul weight held while it ran); the kernels compute the same products either way.
     options.add_session_config_entry("session.disable_prepacking", "1")
+    if not _SPINNING.get():
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if weights is None and not protos.is_large(model):
         data = _for_a_session(model).SerializeToString()
         made = ort.InferenceSession(data, options, providers=available(current().providers))
@@ -119,6 +137,21 @@ _MADE_FROM_BYTES: weakref.WeakKeyDictionary[ort.InferenceSession, int] = weakref
 ``ByteSize``, which walks the whole message again (20 ms for a 15 MB model, as long as serializing it)."""
 
 
+_SPINNING: ContextVar[bool] = ContextVar("egfuse_spinning", default=True)
+"""Whether a session's idle threads spin waiting for work (onnxruntime's default: the fastest runs). Off in
+the child that runs the original beside the search (:mod:`egfuse.validation.ahead`), whose spinning threads would
+take the core the search runs on; how they wait changes no number."""
+
+
+@contextmanager
+def without_spinning() -> Iterator[None]:
+    token = _SPINNING.set(False)
+    try:
+        yield
+    finally:
+        _SPINNING.reset(token)
+
+
 _WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
 """onnxruntime's option for a model given as bytes: the folder its external data's locations are relative to."""
 
@@ -141,6 +174,11 @@ def run(
     *,
     weights: protos.DetachedWeights | None = None,
 ) -> dict[str, np.ndarray]:
+    early = _PRECOMPUTED.get()
+    if early is not None:
+        found = early.outputs(model, feeds, outputs or [])
+        if found is not None:
+            return found
     kept = _KEPT.get()
     key = (id(model), tuple(outputs or ()))
     if kept is not None and key in kept:
@@ -172,6 +210,60 @@ def kept_sessions() -> Iterator[None]:
         _KEPT.reset(token)
 
 
+@dataclass
+class Precomputed:
+    """The original model's outputs, computed before the judge asks for them (by a child process:
+    :mod:`egfuse.validation.ahead`): on the feeds ``original_outputs`` chose (``data``) and on further feed sets,
+    each with the graph's outputs and more named values than any one judge asks for."""
+
+    model: onnx.ModelProto
+    feeds: dict | None
+    """The feeds the user gave (None: generated), as ``original_outputs`` was called with them."""
+    data: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+    more: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+
+    def outputs(self, model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray] | None:
+        """What :func:`run` would return for ``model`` on ``feeds`` with ``names`` — the graph's outputs, then the
+        names not among them, in that order — or None where this was not computed (another model, other feeds,
+        a name not run)."""
+        if model is not self.model:
+            return None
+        for data, outputs in ((self.data, self.expected), *self.more):
+            if _same_feeds(data, feeds):
+                graph = [o.name for o in model.graph.output]
+                wanted = [*graph, *(n for n in dict.fromkeys(names) if n not in graph)]
+                if all(name in outputs for name in wanted):
+                    return {name: outputs[name] for name in wanted}
+                return None
+        return None
+
+
+def _same_feeds(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    if a is b:
+        return True
+    if a.keys() != b.keys():
+        return False
+    for name, value in a.items():
+        x, y = np.asarray(value), np.asarray(b[name])
+        if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
+            return False
+    return True
+
+
+_PRECOMPUTED: ContextVar[Precomputed | None] = ContextVar("egfuse_precomputed", default=None)
+
+
+@contextmanager
+def precomputed(early: Precomputed | None) -> Iterator[None]:
+    """Inside the block, runs of ``early.model`` it holds are read from it instead of run again."""
+    token = _PRECOMPUTED.set(early)
+    try:
+        yield
+    finally:
+        _PRECOMPUTED.reset(token)
+
+
 def original_outputs(
     original: onnx.ModelProto,
     feeds: dict[str, np.ndarray] | None,
@@ -186,6 +278,11 @@ def original_outputs(
     (:func:`related_bindings`: a cache's lengths) — the first the original runs on within the memory ``budget``
     is kept. Raises the first failure when none runs (:class:`~egfuse.validation.memory.OverBudget` where that was the
     memory)."""
+    early = _PRECOMPUTED.get()
+    if early is not None and early.model is original and early.feeds is feeds:
+        found = early.outputs(original, early.data, names)
+        if found is not None:
+            return early.data, found
     mapped = weights is not None
 
     def attempt(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

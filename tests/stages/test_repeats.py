@@ -111,7 +111,7 @@ def test_validation_reuses_a_small_models_session(monkeypatch):
     """Eight runs a validation (the original and the fused model on each feed set) build two sessions for a small
     model; a model over the size kept, or a run outside validation, builds one a run."""
     from egfuse.testing import Variant, attention_model, feeds_for
-    from egfuse.validation import runner
+    from egfuse.validation import ahead, runner
 
     model = attention_model(Variant(heads=2))
     feeds = feeds_for(model)
@@ -138,6 +138,10 @@ def test_validation_reuses_a_small_models_session(monkeypatch):
     for name in first:
         np.testing.assert_array_equal(first[name], again[name])
     built.clear()
-    result = egfuse.fuse(model, target="ort")
+    result = egfuse.fuse(model, target="ort", validation=runner.Settings(ahead=False))
     assert result.report.fused == 1 and result.report.validated
     assert len(built) == 2, f"{len(built)} sessions for one validation of a small model"
+    built.clear()  # the original run ahead (egfuse.validation.ahead): its session is the child's
+    result = egfuse.fuse(model, target="ort")
+    assert result.report.fused == 1 and result.report.validated
+    assert len(built) == (1 if ahead.OriginalAhead.runs_here() else 2)
