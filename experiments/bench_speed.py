@@ -27,7 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 MODELS = HERE / "corpus" / "bench"
-TOOLS = ["egfuse:ort:novalidate", "egfuse:ort", "egfuse:onnx:novalidate", "onnxscript", "ort"]
+TOOLS = ["egfuse:ort:novalidate", "egfuse:ort", "egfuse:ort:serial", "egfuse:onnx:novalidate", "onnxscript", "ort"]
+"""``egfuse:ort:serial``: validated, with the original's runs in this process after the search rather than run
+ahead beside it (:mod:`egfuse.validation.ahead`) — what the run-ahead saves, measured side by side."""
 HIDDEN, HEADS = 64, 4
 
 

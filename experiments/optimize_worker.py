@@ -5,8 +5,9 @@ hang is a row with its reason, not the end of the run, and peak RSS belongs to t
 
     python experiments/optimize_worker.py TOOL MODEL.onnx [--heads N --hidden D --model-type bert] [--out F]
 
-TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, egfuse:ort:keep-opset (the
-model's opset kept: the ort target's contrib ops only), egfuse:ort:cuda (``--provider CUDAExecutionProvider``:
+TOOL: egfuse:ort, egfuse:onnx, egfuse:ort:novalidate, egfuse:onnx:novalidate, egfuse:ort:serial (validated
+without running the original ahead in a second process), egfuse:ort:keep-opset (the model's opset kept: the ort
+target's contrib ops only), egfuse:ort:cuda (``--provider CUDAExecutionProvider``:
 forms priced by the CUDA profile; validated on CUDA where this onnxruntime has it), any of those with
 ``+NAME`` (``--profile-dir``'s NAME.json refits the target as the CLI's ``--profile`` does: a choice timed
 before the profile that would make it is fitted), onnxscript, ort;
@@ -107,7 +108,7 @@ def run(
             target=target,
             validate="novalidate" not in parts,
             raise_opset="keep-opset" not in parts,
-            validation=Settings(providers=providers),
+            validation=Settings(providers=providers, ahead="serial" not in parts),
         )
         model = result.model
         if parts[1] == "npu":  # single-head attention is plain ops: the report says which regions became it

@@ -1,8 +1,9 @@
 """The rest of a layer — norms and activations: a region kind found beside attention, lowered into the same
 e-graph, written after extraction and judged like attention.
 
-* a **norm** region is the neighbourhood of a ``Sqrt`` whose input reduces with ``ReduceMean``: back to the
-  input the means read, forward through the division and the per-feature scale and shift;
+* a **norm** region is the neighbourhood of a ``Sqrt`` (or of a power of −½, the reciprocal root in one op) whose
+  input reduces with ``ReduceMean``: back to the input the means read, forward through the division and the
+  per-feature scale and shift;
 * a **GELU** region is the neighbourhood of an ``Erf``: its scaled input, forward through ``1 +``, the
   products with the input and with ½;
 * a **residual norm** region (targets whose norm adds the residual) is a ``LayerNormalization`` op and the
@@ -54,7 +55,7 @@ def find_layer_regions(
     ``residual_norms`` (a target that adds the residual in its norm), each ``LayerNormalization`` of a sum too."""
 
     def region_at(node: ir.Node, claimed: set[ir.Node]) -> Found | None:
-        if node.op_type == "Sqrt":
+        if node.op_type == "Sqrt" or _reciprocal_root(node, facts):
             return _norm(node, facts, claimed, residual_norms)
         if node.op_type == "Erf":
             return _gelu(node, facts, claimed)
@@ -63,6 +64,17 @@ def find_layer_regions(
         return None
 
     return anchored_regions(graph, claimed, region_at)
+
+
+def _reciprocal_root(node: ir.Node, facts: GraphFacts) -> bool:
+    """``Pow(s, −½)``: the root and its reciprocal in one op (Gemma 4 writes its RMS norms so)."""
+    return (
+        node.op_type == "Pow"
+        and node.domain in ("", "ai.onnx")
+        and len(node.inputs) == 2
+        and node.inputs[1] is not None
+        and facts.scalar(node.inputs[1]) == -0.5
+    )
 
 
 def _norm(

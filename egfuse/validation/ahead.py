@@ -77,6 +77,8 @@ class OriginalAhead:
         by the search for each search, acted on once."""
         if not self.enabled or self.pid is not None or self._done:
             return
+        if not names:  # no region: nothing will be fused, nothing judged (a later search may find some)
+            return
         present = {out for node in self.original.graph.node for out in node.output}
         names = [name for name in dict.fromkeys(names) if name in present]
         self.started = time.perf_counter()
