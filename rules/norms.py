@@ -2,10 +2,10 @@
 spelling of ``x / √(mean x² + ε) · γ`` is ``rms_norm(x, γ, ε)``.
 
 Exporters differ in how they write the square (``Pow(·, 2)`` or ``c · c``), the division (``Div`` by the root,
-``Mul`` by its ``Reciprocal`` or by ``1 / root``, either operand first) and where γ multiplies (after the
-division or before it, or into the reciprocal root as Keras writes ``x · (rsqrt(·) · γ)``). Each is an identity
-of real arithmetic that holds for any model; the mean is the last axis's (lowering only admits ``ReduceMean``
-over it, kept, and ``GlobalAveragePool`` of a rank-3 tensor, which is that mean), the one axis
+``Mul`` by its ``Reciprocal``, by ``1 / root`` or by the power ``(·)^(−½)``, either operand first) and where γ
+multiplies (after the division or before it, or into the reciprocal root as Keras writes ``x · (rsqrt(·) · γ)``).
+Each is an identity of real arithmetic that holds for any model; the mean is the last axis's (lowering only admits
+``ReduceMean`` over it, kept, and ``GlobalAveragePool`` of a rank-3 tensor, which is that mean), the one axis
 ``LayerNormalization`` takes here. A norm written without γ is the norm with γ = 1 (OLMo's non-parametric
 LayerNorm; a γ of ones an exporter folded away), where the last axis' width is known.
 """
@@ -22,6 +22,8 @@ from egfuse.egraph.term_facts import is_weight, last_dim, per_feature, rank_of, 
 def rules(x: Tensor, c: Tensor, e: Tensor, g: Tensor, b: Tensor, s: Tensor, m: Tensor, eps: f64, w: i64):
     # The square, and the division written as a product.
     yield rewrite(Tensor.pow(x, c)).to(Tensor.mul(x, x), scalar_of(c) == f64(2.0))
+    # The reciprocal root written as a power: s^(−½) = 1/√s (Gemma 4's x · (mean x² + ε)^(−½), torch.pow).
+    yield rewrite(Tensor.pow(s, c)).to(Tensor.reciprocal(Tensor.sqrt(s)), scalar_of(c) == f64(-0.5))
     yield rewrite(Tensor.mul(x, Tensor.reciprocal(s))).to(Tensor.div(x, s))
     yield rewrite(Tensor.mul(Tensor.reciprocal(s), x)).to(Tensor.div(x, s))
     yield rewrite(Tensor.mul(x, Tensor.div(c, s))).to(Tensor.div(x, s), scalar_of(c) == f64(1.0))

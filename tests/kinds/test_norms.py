@@ -77,6 +77,26 @@ def test_every_rms_norm_spelling_is_rms_norm(division):
     assert proves(egraph, term, Tensor.rms_norm(x, g, 1e-5))
 
 
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_the_reciprocal_root_as_a_power_is_the_norm(kind):
+    """``s^(−½) = 1/√s``: Gemma 4 writes its RMS norms ``x · (mean x² + ε)^(−½) · γ`` (torch.pow); a power of
+    +½ (the root itself, a product with it) is no norm."""
+    minus_half, half = Tensor.value(7), Tensor.value(8)
+    powers = [set_(scalar_of(minus_half)).to(f64(-0.5)), set_(scalar_of(half)).to(f64(0.5))]
+    source = x if kind == "rms" else _centred()
+    mean_square = Tensor.add(Tensor.reduce_mean(Tensor.pow(source, two)), eps)
+    expected = Tensor.rms_norm(x, g, 1e-5) if kind == "rms" else Tensor.layer_norm(x, g, b, 1e-5)
+
+    def normed(exponent: Tensor) -> Tensor:
+        term = Tensor.mul(Tensor.mul(source, Tensor.pow(mean_square, exponent)), g)
+        return term if kind == "rms" else Tensor.add(term, b)
+
+    term, near = normed(minus_half), normed(half)
+    egraph = saturated(norms.rules, Tensor.add(term, near), *WEIGHTS, *SCALARS, *powers)
+    assert proves(egraph, term, expected)
+    assert not proves(egraph, near, expected)
+
+
 def test_a_scale_that_is_not_a_weight_is_not_the_norms_scale():
     term = Tensor.mul(Tensor.div(x, Tensor.sqrt(Tensor.add(Tensor.reduce_mean(Tensor.mul(x, x)), eps))), b)
     egraph = saturated(norms.rules, term, *SCALARS)  # no is_weight(b): a gate computed from the input
@@ -111,6 +131,8 @@ def norm_model(
         onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
         onnx.numpy_helper.from_array(np.array([axis], np.int64), "axes"),
+        onnx.numpy_helper.from_array(np.array(-0.5, np.float32), "minus_half"),
+        onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"),
     ]
     nodes = [helper.make_node("MatMul", ["input", "w_in"], ["h"])]
     src = "h"
@@ -131,11 +153,18 @@ def norm_model(
     else:
         nodes.append(helper.make_node("Mul", [src, src], ["sq"]))
     nodes.append(average("sq", "var"))
-    if eps_inside:
+    if division in ("power", "square_root_power"):  # x · (var + ε)^(−½) as Gemma 4 writes it; ^(+½): a near miss
+        exponent = "minus_half" if division == "power" else "half"
+        nodes.append(helper.make_node("Add", ["var", "eps"], ["var_eps"]))
+        nodes.append(helper.make_node("Pow", ["var_eps", exponent], ["r"]))
+        nodes.append(helper.make_node("Mul", [src, "r"], ["n"]))
+    elif eps_inside:
         nodes += [helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["root"])]
     else:
         nodes += [helper.make_node("Sqrt", ["var"], ["root0"]), helper.make_node("Add", ["root0", "eps"], ["root"])]
-    if division == "div":
+    if division in ("power", "square_root_power"):
+        pass
+    elif division == "div":
         nodes.append(helper.make_node("Div", [src, "root"], ["n"]))
     elif division == "reciprocal":
         nodes += [helper.make_node("Reciprocal", ["root"], ["r"]), helper.make_node("Mul", [src, "r"], ["n"])]
@@ -162,6 +191,7 @@ def _fused_ops(model: onnx.ModelProto) -> set[str]:
 _SPELLINGS = [
     ("layer", "pow", "div"), ("layer", "mul", "reciprocal"), ("layer", "pow", "one_over"),
     ("rms", "pow", "reciprocal"), ("rms", "mul", "div"), ("rms", "pow", "one_over"),
+    ("rms", "mul", "power"), ("layer", "pow", "power"),
 ]  # fmt: skip
 
 
@@ -508,3 +538,12 @@ def test_sd35s_query_norm_scaled_for_attention_fuses(target):
     assert all(r.status == "fused" for r in report.layer_ops), [r.reason for r in report.layer_ops]
     feeds = dict(np.load(str(path).replace(".onnx", ".feeds.npz")))
     assert_same_outputs(onnx.load(str(path)), result.model, feeds)
+
+
+def test_a_product_with_the_root_as_a_power_is_not_a_norm():
+    """``x · (mean x² + ε)^(+½)`` multiplies by the root instead of dividing: found as no norm, kept as written."""
+    model = norm_model("rms", division="square_root_power")
+    result = egfuse.fuse(model, target="onnx")
+    assert not any(n.status == "fused" for n in result.report.layer_ops)
+    assert "RMSNormalization" not in _fused_ops(result.model)
+    assert_same_outputs(model, result.model, make_feeds(model))
