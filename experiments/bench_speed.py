@@ -8,6 +8,7 @@ they are the same constant for every run of a tool); peak RSS is the worker's.
 
     python experiments/bench_speed.py                 # BERT and Llama at 2/12/24/48 layers, 3 repetitions
     python experiments/bench_speed.py --layers 2 12 --reps 1     # quick look
+    python experiments/bench_speed.py --layers 48 --reps 5 --tools egfuse:ort egfuse:ort:serial --name ahead
 
 Writes experiments/results/optimize_speed.json, speed.md, optimize_seconds.png (with matplotlib) and the
 ``optimize_seconds_ratio_vs_onnxscript`` entry of summary.json. Needs the ``corpus`` extra.
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tools", nargs="+", default=TOOLS)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--name", help="write optimize_speed_NAME.json and speed_NAME.md (a side measurement: the "
+                        "main results, summary.json and the plot are left as they are)")  # fmt: skip
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     models = {(f, n): export(f, n) for f in args.families for n in args.layers}
@@ -121,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         table = {
             tool: {n: _summarize(records) for n, records in by_layers.items()} for tool, by_layers in by_tool.items()
         }
-        base = table.get("egfuse:ort:novalidate", {}).get(deepest, {}).get("median_seconds")
+        base = table.get("egfuse:ort:novalidate", table.get(args.tools[0], {})).get(deepest, {}).get("median_seconds")
         ratios = {t: table[t][deepest]["median_seconds"] / base for t in args.tools
                   if base and table[t][deepest]["median_seconds"]}  # fmt: skip
         result["families"][family] = {"table": table, "seconds_ratio_vs_egfuse_at_deepest": ratios}
         if "onnxscript" in ratios:
             ratios_vs_onnxscript[family] = round(1 / ratios["onnxscript"], 4)
+    if args.name:
+        (RESULTS / f"optimize_speed_{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_markdown(result, RESULTS / f"speed_{args.name}.md")
+        return 0
     (RESULTS / "optimize_speed.json").write_text(json.dumps(result, indent=1) + "\n")
     if "bert" in ratios_vs_onnxscript:
         update_summary("optimize_seconds_ratio_vs_onnxscript", ratios_vs_onnxscript["bert"])
@@ -146,7 +153,7 @@ def _summarize(records: list[dict]) -> dict:
     }
 
 
-def write_markdown(result: dict) -> None:
+def write_markdown(result: dict, path: Path = RESULTS / "speed.md") -> None:
     layers = result["layers"]
     lines = [
         "# Optimizer speed",
@@ -165,10 +172,12 @@ def write_markdown(result: dict) -> None:
             fused = ", ".join(f"{k} {v}" for k, v in (deepest["fused"] or {}).items()) or "none"
             rss = f"{deepest['peak_rss_mb']:.0f} MB" if deepest["peak_rss_mb"] else "-"
             lines.append(f"| {tool} | " + " | ".join(cells) + f" | {fused} | {rss} |")
-        lines += ["", f"Seconds relative to egfuse (ort target, no validation) at {max(layers)} layers:", ""]
+        first = next(iter(data["table"]))
+        base = "egfuse (ort target, no validation)" if "egfuse:ort:novalidate" in data["table"] else first
+        lines += ["", f"Seconds relative to {base} at {max(layers)} layers:", ""]
         lines += [f"- {tool}: {r:.2f}×" for tool, r in data["seconds_ratio_vs_egfuse_at_deepest"].items()]
     lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
-    (RESULTS / "speed.md").write_text("\n".join(lines))
+    path.write_text("\n".join(lines))
 
 
 def plot(result: dict) -> None:
