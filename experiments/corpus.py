@@ -237,6 +237,13 @@ _deepseek_v3 = _hf(  # multi-head latent attention: Q and K of 12 (8 + 4 rotated
     "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1,
     "experts_implementation": "batched_mm"},
 )  # fmt: skip
+_gemma4 = _hf(  # RMS norms written x · (mean x² + ε)^(−½) · γ (torch.pow), each cast back with CastLike (type_as),
+    # Q, K and V normalized (V's without γ), layer scalars; its per-layer embeddings at a tiny vocabulary (their
+    # default, 262144 rows, made a 538 MB export)
+    "Gemma4TextConfig", "Gemma4TextModel", _ids, {**LLAMA_SIZES, **NO_CACHE, "head_dim": HIDDEN // HEADS,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None, "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 8},
+)  # fmt: skip
 _vitdet = _hf(  # windowed and global attention over (B·N, S, H), decomposed relative positions, a 5D output view
     "VitDetConfig",
     "VitDetModel",
@@ -616,6 +623,14 @@ SPECS: dict[str, Spec] = {
             exporters=DYNAMO,
         ),
         Spec(
+            "gemma4_sdpa",
+            _gemma4("sdpa"),
+            LAYERS,
+            ["gqa", "causal", "sliding window", "norms as a power of −½", "q/k/v norms"],
+            kv_heads=HEADS // 2,
+            exporters=DYNAMO,
+        ),
+        Spec(
             "gpt_oss_past_eager",
             _gpt_oss_past("eager"),
             LAYERS,
@@ -699,6 +714,7 @@ SETS = {
         "gpt_oss_eager",
         "gpt_oss_past_eager",
         "deepseek_v3_eager",
+        "gemma4_sdpa",
     ],
     # TorchScript exports at the opsets old exports have (HF's transformers.onnx and optimum wrote 11-14 for years):
     # below 13 Softmax flattens from its axis, and up to 13 onnx's data propagation does not run through their

@@ -26,7 +26,7 @@ from egfuse.egraph.enodes import view
 from egfuse.kinds.activation_walk import activation_forward, single_reader_chain, with_constant
 from egfuse.kinds.base import RegionKind
 from egfuse.kinds.regions import Found, Region, anchored_regions
-from egfuse.kinds.values import MEANS
+from egfuse.kinds.values import MEANS, reciprocal_root
 from egfuse.report import RegionReport, Status
 from egfuse.targets.spec import LAYER_OPS, RESIDUAL_NORMS, TargetSpec
 from egfuse.writing.region_writer import ClassReader, RegionWriter
@@ -55,7 +55,7 @@ def find_layer_regions(
     ``residual_norms`` (a target that adds the residual in its norm), each ``LayerNormalization`` of a sum too."""
 
     def region_at(node: ir.Node, claimed: set[ir.Node]) -> Found | None:
-        if node.op_type == "Sqrt" or _reciprocal_root(node, facts):
+        if node.op_type == "Sqrt" or reciprocal_root(node, facts):
             return _norm(node, facts, claimed, residual_norms)
         if node.op_type == "Erf":
             return _gelu(node, facts, claimed)
@@ -64,17 +64,6 @@ def find_layer_regions(
         return None
 
     return anchored_regions(graph, claimed, region_at)
-
-
-def _reciprocal_root(node: ir.Node, facts: GraphFacts) -> bool:
-    """``Pow(s, −½)``: the root and its reciprocal in one op (Gemma 4 writes its RMS norms so)."""
-    return (
-        node.op_type == "Pow"
-        and node.domain in ("", "ai.onnx")
-        and len(node.inputs) == 2
-        and node.inputs[1] is not None
-        and facts.scalar(node.inputs[1]) == -0.5
-    )
 
 
 def _norm(

@@ -32,7 +32,7 @@ def normalized(value: ir.Value, depth: int = 0) -> bool:
     node = value.producer()
     if node is None or depth > 4 or node.domain not in ("", "ai.onnx"):
         return False
-    if node.op_type == "Cast":
+    if node.op_type in ("Cast", "CastLike"):  # CastLike: torch's type_as (Gemma 4 casts each norm's output so)
         return normalized(node.inputs[0], depth + 1)
     if node.op_type in ("Mul", "Div") and any(
         _root_of_mean(v) for v in node.inputs[1 if node.op_type == "Div" else 0 :]
@@ -50,16 +50,34 @@ def _stored(value: ir.Value | None) -> bool:
 
 
 def _is_one(value: ir.Value | None) -> bool:
+    return _scalar(value) == 1.0
+
+
+def _scalar(value: ir.Value | None) -> float | None:
     array = constant(value, None) if value is not None else None
-    return array is not None and array.size == 1 and float(array.reshape(-1)[0]) == 1.0
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
+
+
+def reciprocal_root(node: ir.Node, facts: GraphFacts | None = None) -> bool:
+    """``Pow(s, −½)``: the root and its reciprocal in one op (Gemma 4 writes its norms ``x · (mean x² + ε)^(−½)``)."""
+    if node.op_type != "Pow" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return False
+    exponent = node.inputs[1]
+    if exponent is None:
+        return False
+    value = facts.scalar(exponent) if facts is not None else _scalar(exponent)
+    return value == -0.5
 
 
 def _root_of_mean(value: ir.Value | None) -> bool:
-    """√(mean(·) + ε), or its reciprocal (``Reciprocal``, or ``1 / ·`` as TorchScript writes ``rsqrt``)."""
+    """√(mean(·) + ε), or its reciprocal (``Reciprocal``, ``1 / ·`` as TorchScript writes ``rsqrt``, or the power
+    ``(·)^(−½)``)."""
     node = value.producer() if value is not None else None
     if node is not None and (node.op_type == "Reciprocal" or (node.op_type == "Div" and _is_one(node.inputs[0]))):
         node = node.inputs[-1].producer() if node.inputs[-1] is not None else None
-    if node is None or node.op_type != "Sqrt" or node.inputs[0] is None:
+    if node is None or node.op_type not in ("Sqrt", "Pow") or node.inputs[0] is None:
+        return False
+    if node.op_type == "Pow" and not reciprocal_root(node):
         return False
     inner = node.inputs[0].producer()
     if inner is not None and inner.op_type == "Add":

@@ -31,6 +31,10 @@ original on the export's own feeds.
   nothing fused ("the probabilities go to Slice"), no rotation found, until the softmax's shift and the sink —
   attention over one more key, of zeros, biased by the logit (``rules/sinks.py``) — and the rotation on the halves
   were identities.
+- Gemma 4 (every RMS norm written ``x · (mean x² + ε)^(−½) · γ`` with ``torch.pow`` and cast back with ``CastLike``,
+  nine a layer: Q's, K's and V's among them): none was found (no ``Sqrt`` to anchor one) until the power of −½ was
+  the reciprocal root (``rules/norms.py``) and anchored a norm; then the attention region still took the input
+  norm's products in, until a norm's output behind ``CastLike`` was where a block starts.
 
 Beyond the blocks, every norm, activation and rotation found fuses on ort and onnx.
 """
@@ -107,3 +111,20 @@ def test_an_original_onnxruntime_cannot_load_is_named_so_not_its_feeds():
     assert result.report.fused == 0
     assert "does not load on this onnxruntime" in result.report.validation_note, result.report.validation_note
     assert "check their shapes" not in result.report.validation_note
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_gemma4s_norms_written_as_a_power_are_all_found_and_fused(target: str):
+    """All nine RMS norms of each of Gemma 4's layers are found and fused (the test above asks that those found fuse):
+    no ``Pow(·, −½)`` is left in the written model."""
+    path = HELD_OUT / "gemma4_sdpa.dynamo.onnx"
+    result = egfuse.fuse(path, target=target)
+    norms = [r for r in result.report.layer_ops if r.kind == "layer"]  # (its tanh GELUs are the others)
+    assert len(norms) == 9 * MANIFEST["layers"], str(result.report)
+    assert all(r.status == "fused" and r.fused_into == "RMSNormalization" for r in norms), str(result.report)
+    written = result.model.graph.node
+    constants = {n.output[0]: n for n in written if n.op_type == "Constant"}
+    powers = [n for n in written if n.op_type == "Pow" and n.input[1] in constants]
+    assert not [n for n in powers if onnx.numpy_helper.to_array(constants[n.input[1]].attribute[0].t) == -0.5]
+    feeds = dict(np.load(path.with_name(path.name.replace(".onnx", ".feeds.npz"))))
+    assert_same_outputs(onnx.load(path), result.model, feeds)
