@@ -7,7 +7,8 @@ So once the regions are found (:func:`egfuse.search.fuse_once`'s ``on_found``), 
 computes the original's outputs on every feed set validation will use, for every region found (a superset of
 those that will be fused), while the parent saturates, extracts and writes on the other core. The judge then reads
 them (:func:`egfuse.validation.runner.precomputed`) where it would have run the original, and only the fused model
-is run after the search. On a 48-layer BERT that is a quarter of validation off the critical path.
+is run after the search. On a 48-layer BERT that takes more than half of validation off the critical path
+(0.29-0.47 s → 0.13-0.15 s on a 2-core machine).
 
 It is only an earlier copy of the same computation: the child calls the same functions
 (:func:`~egfuse.validation.runner.original_outputs`, :func:`~egfuse.validation.runner.run`) on the same model object,
@@ -104,7 +105,10 @@ class OriginalAhead:
         if self.pid is None or self._done:
             return self._collected
         self._done = True
-        status = _wait(self.pid, WAIT_SECONDS)
+        try:
+            status = _wait(self.pid, WAIT_SECONDS)
+        except ChildProcessError:  # reaped by someone else (a host that ignores SIGCHLD): as if it had failed
+            status = None
         self.pid = None
         if status == 0:
             try:

@@ -215,3 +215,20 @@ def test_the_child_computes_what_the_parent_would():
         assert feeds_a.keys() == feeds_b.keys() and outputs_a.keys() == outputs_b.keys()
         assert all(np.array_equal(feeds_a[n], feeds_b[n]) for n in feeds_a)
         assert all(np.array_equal(outputs_a[n], outputs_b[n], equal_nan=True) for n in outputs_a)
+
+
+def test_a_child_reaped_elsewhere_is_a_failed_one(monkeypatch: pytest.MonkeyPatch):
+    """A host that ignores SIGCHLD has its children reaped by the kernel: waiting for one raises, and the judge
+    runs the original itself instead of the fusion failing."""
+    model = onnx.load(MODEL)
+    alone = _fuse(model, on=False)
+
+    def reaped(pid: int, seconds: float) -> int:
+        os.waitpid(pid, 0)  # someone else reaps it first
+        return os.waitpid(pid, 0)[1]  # raises ChildProcessError
+
+    monkeypatch.setattr(ahead, "_wait", reaped)
+    spy = _Spy(monkeypatch)
+    early = _fuse(model, on=True)
+    assert spy.served == 0 and spy.sessions == 2
+    assert _report(early) == _report(alone)
