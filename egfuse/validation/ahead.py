@@ -61,7 +61,6 @@ class OriginalAhead:
     enabled: bool
     pid: int | None = None
     path: str | None = None
-    started: float = 0.0
     _collected: runner.Precomputed | None = None
     _done: bool = False
 
@@ -82,7 +81,6 @@ class OriginalAhead:
             return
         present = {out for node in self.original.graph.node for out in node.output}
         names = [name for name in dict.fromkeys(names) if name in present]
-        self.started = time.perf_counter()
         try:
             handle, self.path = tempfile.mkstemp(prefix="egfuse-ahead-", suffix=".pickle")
             os.close(handle)

@@ -69,11 +69,18 @@ def current() -> Settings:
 @contextmanager
 def using(settings: Settings | None) -> Iterator[None]:
     """Validation inside the block runs and judges by ``settings`` (the defaults where None)."""
-    token = _SETTINGS.set(settings)
+    with _bound(_SETTINGS, settings):
+        yield
+
+
+@contextmanager
+def _bound(var: ContextVar, value: object) -> Iterator[None]:
+    """``var`` holds ``value`` inside the block, and what it held before after it."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _SETTINGS.reset(token)
+        var.reset(token)
 
 
 def available(providers: tuple[str, ...]) -> list[str]:
@@ -145,11 +152,8 @@ take the core the search runs on; how they wait changes no number."""
 
 @contextmanager
 def without_spinning() -> Iterator[None]:
-    token = _SPINNING.set(False)
-    try:
+    with _bound(_SPINNING, False):
         yield
-    finally:
-        _SPINNING.reset(token)
 
 
 _WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -203,11 +207,8 @@ def kept_sessions() -> Iterator[None]:
     """Inside the block, a small model run again (the original and the fused model on each set of feeds: eight
     runs a validation) reuses its session: building one costs more than running a small model. Weights in
     files and larger models get a session a run, so at most one holds their weights."""
-    token = _KEPT.set({})
-    try:
+    with _bound(_KEPT, {}):
         yield
-    finally:
-        _KEPT.reset(token)
 
 
 @dataclass
@@ -257,11 +258,8 @@ _PRECOMPUTED: ContextVar[Precomputed | None] = ContextVar("egfuse_precomputed", 
 @contextmanager
 def precomputed(early: Precomputed | None) -> Iterator[None]:
     """Inside the block, runs of ``early.model`` it holds are read from it instead of run again."""
-    token = _PRECOMPUTED.set(early)
-    try:
+    with _bound(_PRECOMPUTED, early):
         yield
-    finally:
-        _PRECOMPUTED.reset(token)
 
 
 def original_outputs(
